@@ -1,0 +1,26 @@
+// Python module for the CPU executor: the FFI registrations, plus the small host-side hooks the
+// Python package needs (device-id table, schedule table for tests, fault injection for tests).
+#include <cstdint>
+#include <vector>
+
+#include "cc/bindings/module_common.h"
+#include "cc/cpu/distgemm_cpu.h"
+#include "nanobind/nanobind.h"
+#include "nanobind/stl/tuple.h"
+#include "nanobind/stl/vector.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_distgemm_cpu, m) {
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jax_distgemm_v1"] = jax_distgemm::EncapsulateFfiHandler(jax_distgemm::DistGemmCpu);
+    return d;
+  });
+  m.def("set_device_ids", [](std::vector<int32_t> ordinals, std::vector<int64_t> ids) {
+    jax_distgemm::SetDeviceIds(jax_distgemm::kPlatformCpu, ordinals, ids);
+  });
+  m.def("schedule_table", &jax_distgemm::ScheduleTableList);
+  m.def("set_fault_device", &jax_distgemm::SetCpuFaultDevice,
+        "Test hook: the handler on this device ordinal skips its peers (-1 disables).");
+}

@@ -1,0 +1,68 @@
+// FFI-facing helpers shared by the CPU and CUDA handlers: dtype mapping, errors, decoding of
+// the common buffers and attributes into a Problem.  Header-only; no CUDA here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "cc/common/problem.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_distgemm {
+
+namespace ffi = ::xla::ffi;
+
+inline ElemType ToElemType(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::BF16: return ElemType::kBF16;
+    case ffi::DataType::F16: return ElemType::kF16;
+    case ffi::DataType::F32: return ElemType::kF32;
+    default: return ElemType::kUnsupported;
+  }
+}
+
+inline ffi::Error InvalidArgument(const std::string& msg) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_distgemm: " + msg);
+}
+inline ffi::Error Internal(const std::string& msg) {
+  return ffi::Error(ffi::ErrorCode::kInternal, "jax_distgemm: " + msg);
+}
+inline ffi::Error DeadlineExceeded(const std::string& msg) {
+  return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, "jax_distgemm: " + msg);
+}
+
+// The attributes every distgemm call carries (see jax_distgemm/_src/primitives.py).
+struct CallAttrs {
+  int32_t schedule;
+  int64_t tp;
+  ffi::Span<const int64_t> groups;  // num_groups x tp device ids, mesh order along the TP axis
+  float alpha;
+  float beta;
+  int64_t call_id;     // identifies the call site within the program (rendezvous key)
+  int64_t timeout_ms;  // bound on every wait for a peer
+};
+
+// Decodes buffers + attributes into `problem`; the error names the argument at fault.
+inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                const ffi::AnyBuffer& c, const ffi::AnyBuffer& out,
+                                const CallAttrs& a, Problem* problem) {
+  if (a.tp < 1 || a.tp > 1024) return InvalidArgument("tp: must be in [1, 1024]");
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto od = out.dimensions();
+  auto cd = c.dimensions();
+  const bool has_c = c.element_count() > 0;
+  if (has_c && c.element_type() != ffi::DataType::F32)
+    return InvalidArgument("c: must be passed as float32 to the FFI call");
+  std::string err = MakeProblem(
+      static_cast<ScheduleKind>(a.schedule), static_cast<int>(a.tp), xd.begin(),
+      static_cast<int>(xd.size()), wd.begin(), static_cast<int>(wd.size()), od.begin(),
+      static_cast<int>(od.size()), ToElemType(x.element_type()), ToElemType(w.element_type()),
+      ToElemType(out.element_type()), has_c, cd.begin(), static_cast<int>(cd.size()), a.alpha,
+      a.beta, problem);
+  if (!err.empty()) return InvalidArgument(err);
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_distgemm

@@ -1,0 +1,169 @@
+#include "cc/common/problem.h"
+
+#include <sstream>
+
+namespace jax_distgemm {
+
+const char* ElemName(ElemType t) {
+  switch (t) {
+    case ElemType::kBF16: return "bfloat16";
+    case ElemType::kF16: return "float16";
+    case ElemType::kF32: return "float32";
+    default: return "unsupported";
+  }
+}
+
+namespace {
+
+const char* ScheduleName(ScheduleKind s) {
+  switch (s) {
+    case ScheduleKind::kAllGather1D_TilingCD_RotatingA: return "AllGather1D_TilingCD_RotatingA";
+    case ScheduleKind::kAllGather1D_TilingCD_RotatingB: return "AllGather1D_TilingCD_RotatingB";
+    case ScheduleKind::kReduceScatter1D_TilingA_RotatingC:
+      return "ReduceScatter1D_TilingA_RotatingC";
+    case ScheduleKind::kReduceScatter1D_TilingB_RotatingC:
+      return "ReduceScatter1D_TilingB_RotatingC";
+  }
+  return "?";
+}
+
+std::string Dims(const int64_t* d, int r) {
+  std::ostringstream s;
+  s << "[";
+  for (int i = 0; i < r; ++i) s << (i ? ", " : "") << d[i];
+  s << "]";
+  return s.str();
+}
+
+}  // namespace
+
+int64_t Problem::sm() const {
+  return schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC ? xm / tp : xm;
+}
+int64_t Problem::sn() const {
+  return schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC ? wn / tp : wn;
+}
+int64_t Problem::sk() const { return xk; }
+
+MatrixView Problem::AView(int tile) const {
+  MatrixView v{0, xk, xm * xk};
+  if (schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC) v.offset = tile * sm() * xk;
+  return v;
+}
+
+MatrixView Problem::BView(int tile) const {
+  MatrixView v{0, wn, w_batched ? wk * wn : 0};
+  if (schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC) v.offset = tile * sn();
+  return v;
+}
+
+MatrixView Problem::OutView(int tile) const {
+  MatrixView v{0, on, om * on};
+  switch (schedule) {
+    case ScheduleKind::kAllGather1D_TilingCD_RotatingA: v.offset = tile * xm * on; break;
+    case ScheduleKind::kAllGather1D_TilingCD_RotatingB: v.offset = tile * wn; break;
+    default: break;  // ReduceScatter: the last stage writes the whole local output.
+  }
+  return v;
+}
+
+MatrixView Problem::PartialView() const { return MatrixView{0, sn(), sm() * sn()}; }
+
+std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,
+                        const int64_t* w_dims, int w_rank, const int64_t* out_dims, int out_rank,
+                        ElemType x_type, ElemType w_type, ElemType out_type, bool has_c,
+                        const int64_t* c_dims, int c_rank, float alpha, float beta,
+                        Problem* p) {
+  std::ostringstream err;
+  const char* name = ScheduleName(schedule);
+  if (static_cast<int32_t>(schedule) < 0 || static_cast<int32_t>(schedule) >= kNumSchedules) {
+    err << "schedule: unknown value " << static_cast<int32_t>(schedule);
+    return err.str();
+  }
+  if (tp < 1) return "tp: must be >= 1";
+  if (x_rank < 2) return "x: must have rank >= 2 ([..., rows, contraction]), got " +
+                         Dims(x_dims, x_rank);
+  if (w_rank != 2 && w_rank != x_rank)
+    return "w: must have rank 2 or the rank of x (" + std::to_string(x_rank) + "), got " +
+           Dims(w_dims, w_rank);
+  if (x_type == ElemType::kUnsupported || w_type == ElemType::kUnsupported)
+    return "x, w: dtype must be bfloat16, float16 or float32";
+  if (x_type != w_type)
+    return std::string("x, w: dtypes must match, got ") + ElemName(x_type) + " and " +
+           ElemName(w_type);
+  if (out_type == ElemType::kUnsupported) return "out: dtype must be bfloat16, float16 or float32";
+
+  p->schedule = schedule;
+  p->tp = tp;
+  p->batch = 1;
+  for (int i = 0; i < x_rank - 2; ++i) p->batch *= x_dims[i];
+  p->w_batched = w_rank > 2;
+  if (p->w_batched) {
+    for (int i = 0; i < x_rank - 2; ++i) {
+      if (w_dims[i] != x_dims[i])
+        return "w: batch dims must equal those of x, got x " + Dims(x_dims, x_rank) + " and w " +
+               Dims(w_dims, w_rank);
+    }
+  }
+  p->xm = x_dims[x_rank - 2];
+  p->xk = x_dims[x_rank - 1];
+  p->wk = w_dims[w_rank - 2];
+  p->wn = w_dims[w_rank - 1];
+  p->in_type = x_type;
+  p->out_type = out_type;
+  p->has_c = has_c;
+  p->alpha = alpha;
+  p->beta = beta;
+
+  if (p->xk != p->wk) {
+    err << "x, w: contraction dims must match (x[..., K] with w[K, N]), got x "
+        << Dims(x_dims, x_rank) << " and w " << Dims(w_dims, w_rank);
+    return err.str();
+  }
+  const bool ag = IsAllGather(schedule);
+  if (ag) {
+    p->om = schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ? p->xm * tp : p->xm;
+    p->on = schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ? p->wn : p->wn * tp;
+  } else {
+    if (schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC && p->xm % tp != 0) {
+      err << name << ": rows of x (M=" << p->xm << ") must be divisible by TP=" << tp;
+      return err.str();
+    }
+    if (schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC && p->wn % tp != 0) {
+      err << name << ": columns of w (N=" << p->wn << ") must be divisible by TP=" << tp;
+      return err.str();
+    }
+    p->om = schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC ? p->xm / tp : p->xm;
+    p->on = schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC ? p->wn / tp : p->wn;
+  }
+  // out: [batch dims of x..., om, on]
+  bool out_ok = out_rank == x_rank && out_dims[out_rank - 2] == p->om &&
+                out_dims[out_rank - 1] == p->on;
+  for (int i = 0; out_ok && i < x_rank - 2; ++i) out_ok = out_dims[i] == x_dims[i];
+  if (!out_ok) {
+    err << "out: expected shape [..., " << p->om << ", " << p->on << "] for " << name
+        << " with TP=" << tp << ", got " << Dims(out_dims, out_rank);
+    return err.str();
+  }
+  if (has_c) {
+    bool c_ok = c_rank == out_rank;
+    for (int i = 0; c_ok && i < c_rank; ++i) c_ok = c_dims[i] == out_dims[i];
+    if (!c_ok) return "c: must have the output's shape " + Dims(out_dims, out_rank) + ", got " +
+                      Dims(c_dims, c_rank);
+  }
+  return "";
+}
+
+int FindRank(const int64_t* groups, int64_t groups_size, int tp, int64_t device_id,
+             int* group_index) {
+  if (tp <= 0 || groups_size % tp != 0) return -1;
+  for (int64_t i = 0; i < groups_size; ++i) {
+    if (groups[i] == device_id) {
+      *group_index = static_cast<int>(i / tp);
+      return static_cast<int>(i % tp);
+    }
+  }
+  return -1;
+}
+
+}  // namespace jax_distgemm

@@ -1,0 +1,74 @@
+// The distributed GEMM problem as one device sees it: shapes, dtypes, and per-stage operand views.
+//
+// Shared by the CPU and CUDA executors.  Pure host code, no FFI or CUDA types, so that it can
+// be unit-tested and reused by both handlers.  The Python wrapper validates the same rules first
+// (jax_distgemm/_src/validation.py) with friendlier messages; this is the last line of defence
+// before pointers are dereferenced.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cc/schedules/ring_1d.h"
+
+namespace jax_distgemm {
+
+enum class ElemType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2, kUnsupported = -1 };
+
+inline int64_t ElemSize(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
+const char* ElemName(ElemType t);
+
+// A matrix inside a (possibly batched) buffer, in elements: element (l, r, c) is at
+// offset + l * batch_stride + r * ld + c.
+struct MatrixView {
+  int64_t offset = 0;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+// Shapes of the local operands, as stored on this device (row-major, batch dims folded to L):
+//   x: [L, xm, xk]    w: [wk, wn] or [L, wk, wn]    out, c: [L, om, on]
+struct Problem {
+  ScheduleKind schedule = ScheduleKind::kAllGather1D_TilingCD_RotatingA;
+  int tp = 1;
+  int64_t batch = 1;
+  bool w_batched = false;
+  int64_t xm = 0, xk = 0, wk = 0, wn = 0, om = 0, on = 0;
+  ElemType in_type = ElemType::kBF16, out_type = ElemType::kBF16;
+  bool has_c = false;
+  float alpha = 1.f, beta = 0.f;
+
+  // Per-stage GEMM extents: D[sm, sn] (+)= A[sm, sk] @ B[sk, sn].
+  int64_t sm() const;
+  int64_t sn() const;
+  int64_t sk() const;
+
+  // Views of the stage operands.  For AllGather the rotating operand (A for RotatingA, B for
+  // RotatingB) is a whole shard, addressed through `ShardView` on whichever buffer holds it.
+  MatrixView AView(int tile) const;    // into x (ReduceScatter, RotatingB) or a shard of x
+  MatrixView BView(int tile) const;    // into w (AllGather RotatingA, ReduceScatter) or a shard
+  MatrixView OutView(int tile) const;  // into out (and c): where this stage's tile lands
+  // ReduceScatter running sums: packed [L, sm, sn] fp32 buffers, one per stage < TP-1.
+  MatrixView PartialView() const;
+  int64_t PartialElems() const { return batch * sm() * sn(); }
+
+  int64_t XElems() const { return batch * xm * xk; }
+  int64_t WElems() const { return (w_batched ? batch : 1) * wk * wn; }
+  int64_t OutElems() const { return batch * om * on; }
+  double Flops() const { return 2.0 * tp * batch * sm() * sn() * sk(); }
+};
+
+// Builds the problem from the local buffer shapes.  Returns an empty string on success, else a
+// message that names the offending argument and the rule it breaks.
+std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,
+                        const int64_t* w_dims, int w_rank, const int64_t* out_dims, int out_rank,
+                        ElemType x_type, ElemType w_type, ElemType out_type, bool has_c,
+                        const int64_t* c_dims, int c_rank, float alpha, float beta,
+                        Problem* problem);
+
+// Finds `device_id` in `groups` (num_groups x tp, row-major).  Returns its rank and group
+// index, or -1 if absent.
+int FindRank(const int64_t* groups, int64_t groups_size, int tp, int64_t device_id,
+             int* group_index);
+
+}  // namespace jax_distgemm

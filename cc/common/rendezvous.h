@@ -1,0 +1,52 @@
+// Timed host rendezvous between the per-device threads of one process.
+//
+// XLA runs one host thread per local device and calls each device's handler concurrently with
+// the same RunId (docs/design.md, "Probe").  A Session is the meeting point of the TP handlers of
+// one call: each publishes a few pointers, then they pass numbered barriers.  Every wait is
+// bounded: on timeout the session is poisoned, so every participant returns an error naming the
+// phase and the missing ranks, and the next call (a new key) starts clean.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace jax_distgemm {
+
+class Session {
+ public:
+  explicit Session(int size);
+
+  // Publishes this rank's pointers (visible to peers after the next barrier).
+  void Publish(int rank, std::vector<void*> values);
+  const std::vector<void*>& Values(int rank) const { return values_[rank]; }
+
+  // Blocks until all ranks reached `phase` (phases are passed in increasing order).  Returns
+  // "" or an error naming `what`, the phase and the ranks that did not arrive.
+  std::string Barrier(int rank, int phase, const std::string& what,
+                      std::chrono::milliseconds timeout);
+
+  int size() const { return size_; }
+
+ private:
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<void*>> values_;
+  std::vector<int> reached_;  // highest phase each rank reached, -1 before the first
+  std::string poisoned_;      // non-empty once a participant timed out
+};
+
+// Process-wide table of sessions.  The key must be identical on every participant of one call
+// and distinct between calls (RunId, call site, occurrence of that call site in the run).
+std::shared_ptr<Session> JoinSession(const std::string& key, int size);
+
+// n-th execution of call site `call_id` on `device` within run `run_id` (0, 1, 2, ...): a call
+// site inside a loop runs several times per run, in the same order on every device.
+int64_t NextOccurrence(int64_t device, int64_t run_id, int64_t call_id);
+
+}  // namespace jax_distgemm

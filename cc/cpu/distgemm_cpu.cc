@@ -1,0 +1,180 @@
+// CPU executor.  Every device's handler runs on its own XLA thread (docs/design.md, "Probe");
+// the TP handlers of one call meet in a host Session, exchange pointers to their operands, and
+// then run the schedule stage by stage, reading peers' shards in place:
+//
+//   AllGather:     publish x, w  | barrier | TP stages, each reading one peer's shard | barrier
+//   ReduceScatter: publish x, w, running sums | TP stages, a barrier after each (the right
+//                  neighbour reads what this stage wrote) | barrier
+//
+// The closing barrier keeps every operand alive until no peer reads it any more: XLA may reuse
+// an input buffer as soon as this handler returns.
+#include "cc/cpu/distgemm_cpu.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cc/common/device_ids.h"
+#include "cc/common/ffi_helpers.h"
+#include "cc/common/rendezvous.h"
+#include "cc/cpu/gemm_cpu.h"
+#include "cc/schedules/ring_1d.h"
+
+namespace jax_distgemm {
+namespace {
+
+std::atomic<int> g_fault_device{-1};
+
+// Argument block for one stage's GEMM, before the per-stage pointers are filled in.
+CpuGemmArgs StageGemm(const Problem& p) {
+  CpuGemmArgs g;
+  g.batch = p.batch;
+  g.m = p.sm();
+  g.n = p.sn();
+  g.k = p.sk();
+  g.ab_type = p.in_type;
+  g.alpha = p.alpha;
+  return g;
+}
+
+template <class Sched>
+std::string RunAllGather(const Problem& p, int rank, Session& s, const void* x, const void* w,
+                         const float* c, void* out, std::chrono::milliseconds timeout) {
+  constexpr bool kRotatingA = Sched::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
+  s.Publish(rank, {const_cast<void*>(x), const_cast<void*>(w)});
+  if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
+  for (int i = 0; i < p.tp; ++i) {
+    const int src = Sched::Source(rank, i, p.tp);
+    const int tile = Sched::OutputTile(rank, i, p.tp);
+    CpuGemmArgs g = StageGemm(p);
+    g.a = kRotatingA ? s.Values(src)[0] : x;
+    g.a_view = p.AView(tile);
+    g.b = kRotatingA ? w : s.Values(src)[1];
+    g.b_view = p.BView(tile);
+    g.d_type = p.out_type;
+    g.d = out;
+    g.d_view = p.OutView(tile);
+    if (c) {
+      g.c = c;
+      g.c_view = g.d_view;
+      g.beta = p.beta;
+    }
+    GemmCpu(g);
+  }
+  return s.Barrier(rank, 1, "the closing barrier (peers still reading this shard)", timeout);
+}
+
+template <class Sched>
+std::string RunReduceScatter(const Problem& p, int rank, Session& s, const void* x,
+                             const void* w, const float* c, void* out,
+                             std::chrono::milliseconds timeout) {
+  // Running sums of stages 0..TP-2, read by the right neighbour one stage later.
+  std::vector<float> partials(static_cast<size_t>((p.tp - 1) * p.PartialElems()));
+  s.Publish(rank, {partials.data()});
+  if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
+  const MatrixView pv = p.PartialView();
+  for (int i = 0; i < p.tp; ++i) {
+    const int tile = Sched::OutputTile(rank, i, p.tp);
+    const bool last = i == p.tp - 1;
+    CpuGemmArgs g = StageGemm(p);
+    g.a = x;
+    g.a_view = p.AView(tile);
+    g.b = w;
+    g.b_view = p.BView(tile);
+    if (i > 0) {
+      const int left = Sched::Source(rank, i, p.tp);
+      g.running_sum = static_cast<const float*>(s.Values(left)[0]) + (i - 1) * p.PartialElems();
+      g.running_sum_view = pv;
+    }
+    if (last) {
+      g.d_type = p.out_type;
+      g.d = out;
+      g.d_view = p.OutView(tile);
+      if (c) {
+        g.c = c;
+        g.c_view = g.d_view;
+        g.beta = p.beta;
+      }
+    } else {
+      g.d_type = ElemType::kF32;
+      g.d = partials.data() + i * p.PartialElems();
+      g.d_view = pv;
+    }
+    GemmCpu(g);
+    if (!last) {
+      std::ostringstream what;
+      what << "stage " << i << " (right neighbour rank " << Sched::PushTarget(rank, i, p.tp)
+           << " waits for this running sum)";
+      if (auto e = s.Barrier(rank, i + 1, what.str(), timeout); !e.empty()) return e;
+    }
+  }
+  return s.Barrier(rank, p.tp, "the closing barrier (peers still reading running sums)",
+                   timeout);
+}
+
+ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
+                           ffi::AnyBuffer w, ffi::AnyBuffer c,
+                           ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
+                           ffi::Span<const int64_t> groups, float alpha, float beta,
+                           int64_t call_id, int64_t timeout_ms) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
+  Problem p;
+  if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
+  const int64_t device_id = GlobalDeviceId(kPlatformCpu, device_ordinal);
+  int group = -1;
+  const int rank = FindRank(groups.begin(), static_cast<int64_t>(groups.size()),
+                            static_cast<int>(tp), device_id, &group);
+  if (rank < 0) {
+    return InvalidArgument("device " + std::to_string(device_id) +
+                           " is not in the TP groups of this call");
+  }
+  const float* cptr = p.has_c ? static_cast<const float*>(c.untyped_data()) : nullptr;
+  if (device_ordinal == g_fault_device.load()) return ffi::Error::Success();  // test hook
+
+  std::ostringstream key;
+  key << run_id.run_id << "/" << call_id << "/"
+      << NextOccurrence(device_id, run_id.run_id, call_id) << "/" << group;
+  std::shared_ptr<Session> session = JoinSession(key.str(), static_cast<int>(tp));
+  const auto timeout = std::chrono::milliseconds(timeout_ms);
+  std::string err = VisitSchedule(p.schedule, [&](auto sched) {
+    using S = decltype(sched);
+    if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
+                  S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
+      return RunAllGather<S>(p, rank, *session, x.untyped_data(), w.untyped_data(), cptr,
+                             out->untyped_data(), timeout);
+    } else {
+      return RunReduceScatter<S>(p, rank, *session, x.untyped_data(), w.untyped_data(), cptr,
+                                 out->untyped_data(), timeout);
+    }
+  });
+  if (!err.empty()) {
+    return DeadlineExceeded("CPU executor, device " + std::to_string(device_id) + ": " + err);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+void SetCpuFaultDevice(int ordinal) { g_fault_device.store(ordinal); }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()          // rendezvous key, same on all devices
+                                  .Ctx<ffi::DeviceOrdinal>()  // this device
+                                  .Arg<ffi::AnyBuffer>()      // x
+                                  .Arg<ffi::AnyBuffer>()      // w
+                                  .Arg<ffi::AnyBuffer>()      // c (f32; 0 elements if absent)
+                                  .Ret<ffi::AnyBuffer>()      // out
+                                  .Attr<int32_t>("schedule")  // ScheduleKind
+                                  .Attr<int64_t>("tp")        // TP group size
+                                  .Attr<ffi::Span<const int64_t>>("groups")  // ids, [G, tp]
+                                  .Attr<float>("alpha")       // out = alpha * x @ w ...
+                                  .Attr<float>("beta")        // ... + beta * c
+                                  .Attr<int64_t>("call_id")   // call site, rendezvous key
+                                  .Attr<int64_t>("timeout_ms"));  // bound on peer waits
+
+}  // namespace jax_distgemm

@@ -1,0 +1,179 @@
+"""Public shard_map-level API: all_gather_matmul, matmul_reduce_scatter, distributed_matmul.
+
+Shapes, per device, inside jax.shard_map (TP = size of `axis_name`; leading batch dims allowed
+on x; w is [K, N] or batched like x):
+
+  schedule                            x (local)      w (local)      out (local)
+  AllGather1D_TilingCD_RotatingA      [.., M/TP, K]  [K, N/TP]      [.., M, N/TP]   = AG(x) @ w
+  AllGather1D_TilingCD_RotatingB      [.., M/TP, K]  [K, N/TP]      [.., M/TP, N]   = x @ AG(w)
+  ReduceScatter1D_TilingA_RotatingC   [.., M, K/TP]  [K/TP, N]      [.., M/TP, N]   = RS_rows(x @ w)
+  ReduceScatter1D_TilingB_RotatingC   [.., M, K/TP]  [K/TP, N]      [.., M, N/TP]   = RS_cols(x @ w)
+
+and out = alpha * (...) + beta * c, accumulated in fp32, cast to out_dtype (default x.dtype).
+
+implementation: "ffi" (the fused custom call: CUDA on Hopper, or the CPU executor), "xla" (a
+ppermute ring, any backend), "reference" (XLA all_gather + dot / dot + psum_scatter), or None:
+"ffi" where it can run this case and is expected to be faster, else "xla".  A case the chosen
+implementation cannot run raises NotImplementedError with the reason; None moves on instead.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jax_distgemm import ffi as ffi_modules
+from jax_distgemm._src import config, primitives, reference, validation, xla_ring
+from jax_distgemm._src.schedules import Schedule
+
+IMPLEMENTATIONS = ("ffi", "xla", "reference")
+
+
+def _current_platform() -> str:
+  mesh = jax.sharding.get_abstract_mesh()
+  device = getattr(mesh, "abstract_device", None)
+  if device is not None and getattr(device, "platform", None):
+    return device.platform.lower()
+  return jax.default_backend().lower()
+
+
+def _varying(a) -> frozenset:
+  """Manual mesh axes `a` varies over (jax >= 0.11: aval.manual_axis_type.varying)."""
+  return frozenset(jax.typeof(a).manual_axis_type.varying)
+
+
+def _match_vma(*arrays):
+  """Casts operands to vary over the same manual axes (what ffi_call requires)."""
+  present = [a for a in arrays if a is not None]
+  union = frozenset().union(*(_varying(a) for a in present))
+  out = []
+  for a in arrays:
+    missing = None if a is None else tuple(sorted(union - _varying(a)))
+    out.append(a if not missing else jax.lax.pcast(a, missing, to="varying"))
+  return out
+
+
+def ffi_unsupported_reason(platform: str, x, w, out_dtype, schedule: Schedule,
+                           tp: int) -> str | None:
+  """Why the fused FFI path cannot run this case on `platform` (None: it can)."""
+  if platform == "cpu":
+    return None
+  if platform not in ("cuda", "gpu"):
+    return f"no FFI executor for platform {platform!r}"
+  if not ffi_modules.has_cuda():
+    return ("the CUDA executor was not built (no nvcc at install time): "
+            f"{ffi_modules.cuda_import_error}")
+  from jax_distgemm._src import cuda_rules  # CUDA-only constraints (dtypes, TMA alignment)
+  return cuda_rules.unsupported_reason(x, w, out_dtype, schedule, tp)
+
+
+def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms):
+  reason = ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp)
+  if reason:
+    raise NotImplementedError(f"jax_distgemm implementation='ffi': {reason}")
+  x, w, c = _match_vma(x, w, c)
+  return primitives.bind(x, w, c, schedule=schedule, axis_name=axis_name, tp=tp, alpha=alpha,
+                         beta=beta, out_dtype=out_dtype, timeout_ms=timeout_ms)
+
+
+def _xla(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms):
+  del tp, timeout_ms
+  return xla_ring.distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule,
+                                     alpha=alpha, beta=beta, out_dtype=out_dtype)
+
+
+def _reference(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms):
+  del tp, timeout_ms
+  return reference.distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule,
+                                      alpha=alpha, beta=beta, out_dtype=out_dtype)
+
+
+_IMPLS: dict[str, Callable] = {"ffi": _ffi, "xla": _xla, "reference": _reference}
+
+
+def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
+                       alpha: float = 1.0, beta: float = 0.0, out_dtype=None,
+                       implementation: str | None = None, timeout_ms: int | None = None):
+  """Tensor-parallel matmul with the collective fused in, for use inside `jax.shard_map`.
+
+  Args:
+    x: local shard of the left operand, [..., rows, K] (see the module docstring).
+    w: local shard of the right operand, [K, cols] or batched like x.
+    c: optional addend with the local output's shape (needs beta != 0 to matter).
+    axis_name: the mesh axis (or tuple of axes) the tensor-parallel group runs over.
+    schedule: a `Schedule` or its name, e.g. "AllGather1D_TilingCD_RotatingA".
+    alpha, beta: static scalars of out = alpha * x @ w + beta * c.
+    out_dtype: output dtype (bfloat16, float16 or float32); default x.dtype.
+    implementation: "ffi", "xla", "reference" or None (see the module docstring).
+    timeout_ms: bound on every wait for a peer; default JAX_DISTGEMM_TIMEOUT_MS or 5000.
+
+  Returns:
+    The local shard of the output.
+  """
+  schedule = Schedule.parse(schedule)
+  axis_name = validation.normalize_axis_name(axis_name)
+  out_dtype = jnp.dtype(out_dtype or x.dtype)
+  tp = validation.check_call(x, w, c, schedule=schedule, axis_name=axis_name, alpha=alpha,
+                             beta=beta, out_dtype=out_dtype)
+  if timeout_ms is None:
+    timeout_ms = config.default_timeout_ms()
+  elif int(timeout_ms) <= 0:
+    raise ValueError(f"timeout_ms: must be a positive integer, got {timeout_ms}")
+  if implementation is not None and implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation: expected one of {IMPLEMENTATIONS} or None, got {implementation!r}")
+  kwargs = dict(axis_name=axis_name, schedule=schedule, alpha=float(alpha), beta=float(beta),
+                out_dtype=out_dtype, tp=tp, timeout_ms=int(timeout_ms))
+  if beta == 0:
+    c = None
+  name = implementation or config.forced_implementation()
+  if name is not None:
+    return _IMPLS[name](x, w, c, **kwargs)
+  # Auto: the fused path where it runs, else the XLA ring.
+  if ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp) is None:
+    return _ffi(x, w, c, **kwargs)
+  return _xla(x, w, c, **kwargs)
+
+
+def all_gather_matmul(x, w, c=None, *, axis_name, gathered: str = "x", alpha: float = 1.0,
+                      beta: float = 0.0, out_dtype=None, implementation: str | None = None,
+                      timeout_ms: int | None = None):
+  """AllGather + GEMM inside `jax.shard_map`: x rows-sharded, w columns-sharded.
+
+  gathered="x" (AllGather1D_TilingCD_RotatingA, sequence-parallel column-parallel linear):
+    out [..., M, N/TP] = all_gather(x, rows) @ w.
+  gathered="w" (AllGather1D_TilingCD_RotatingB, FSDP-style weight gather):
+    out [..., M/TP, N] = x @ all_gather(w, columns).
+
+  See `distributed_matmul` for the other arguments.
+  """
+  if gathered not in ("x", "w"):
+    raise ValueError(f"gathered: expected 'x' or 'w', got {gathered!r}")
+  schedule = (Schedule.AllGather1D_TilingCD_RotatingA if gathered == "x" else
+              Schedule.AllGather1D_TilingCD_RotatingB)
+  return distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule, alpha=alpha,
+                            beta=beta, out_dtype=out_dtype, implementation=implementation,
+                            timeout_ms=timeout_ms)
+
+
+def matmul_reduce_scatter(x, w, c=None, *, axis_name, scatter: str = "rows",
+                          alpha: float = 1.0, beta: float = 0.0, out_dtype=None,
+                          implementation: str | None = None, timeout_ms: int | None = None):
+  """GEMM + ReduceScatter inside `jax.shard_map`: x and w sharded on the contraction dim.
+
+  scatter="rows" (ReduceScatter1D_TilingA_RotatingC, row-parallel linear):
+    out [..., M/TP, N] = psum_scatter(x @ w, rows).
+  scatter="cols" (ReduceScatter1D_TilingB_RotatingC):
+    out [..., M, N/TP] = psum_scatter(x @ w, columns).
+
+  See `distributed_matmul` for the other arguments.
+  """
+  if scatter not in ("rows", "cols"):
+    raise ValueError(f"scatter: expected 'rows' or 'cols', got {scatter!r}")
+  schedule = (Schedule.ReduceScatter1D_TilingA_RotatingC if scatter == "rows" else
+              Schedule.ReduceScatter1D_TilingB_RotatingC)
+  return distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule, alpha=alpha,
+                            beta=beta, out_dtype=out_dtype, implementation=implementation,
+                            timeout_ms=timeout_ms)

@@ -1,0 +1,35 @@
+"""Process-wide defaults, overridable by environment variables."""
+
+from __future__ import annotations
+
+import os
+
+_DEFAULT_TIMEOUT_MS = 5000
+
+
+def default_timeout_ms() -> int:
+  """Bound on every wait for a peer (GPU flag spin or host rendezvous), in milliseconds.
+
+  JAX_DISTGEMM_TIMEOUT_MS overrides the default of 5000.
+  """
+  value = os.environ.get("JAX_DISTGEMM_TIMEOUT_MS")
+  if value is None:
+    return _DEFAULT_TIMEOUT_MS
+  try:
+    ms = int(value)
+  except ValueError:
+    raise ValueError(
+        f"JAX_DISTGEMM_TIMEOUT_MS must be a positive integer, got {value!r}") from None
+  if ms <= 0:
+    raise ValueError(f"JAX_DISTGEMM_TIMEOUT_MS must be a positive integer, got {ms}")
+  return ms
+
+
+def forced_implementation() -> str | None:
+  """JAX_DISTGEMM_IMPLEMENTATION=xla|ffi|reference replaces implementation=None (escape hatch)."""
+  value = os.environ.get("JAX_DISTGEMM_IMPLEMENTATION") or None
+  if value is not None and value not in ("ffi", "xla", "reference"):
+    raise ValueError(
+        "JAX_DISTGEMM_IMPLEMENTATION must be 'ffi', 'xla' or 'reference', "
+        f"got {value!r}")
+  return value

@@ -1,0 +1,139 @@
+"""The `jax_distgemm` primitive: one FFI custom call per distributed GEMM.
+
+Why a primitive and not a bare jax.ffi.ffi_call: the handler must know the device ids of its TP
+group, and those are only known at lowering time (shard_map bodies are traced against an
+abstract mesh; the lowering context holds the concrete one).  The lowering rule turns the mesh
+and axis name into the `groups` attribute.
+
+Operands, per device (row-major, leading batch dims L allowed on x; w is 2-D or batched like x):
+  x [..., xm, xk]   w [xk, wn] or [..., xk, wn]   c (f32, output shape, or 0 elements)
+The output shape per schedule is `output_shape` below.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core
+from jax._src.interpreters import mlir
+from jax._src import sharding_impls
+from jax._src.interpreters import batching
+
+from jax_distgemm import ffi as ffi_modules
+from jax_distgemm._src.schedules import Schedule, output_shape
+
+TARGET_NAME = "jax_distgemm_v1"
+
+distgemm_p = core.Primitive("jax_distgemm")
+
+
+def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
+         beta: float, out_dtype, timeout_ms: int):
+  """Binds the primitive; c=None passes an empty operand."""
+  if c is None:
+    c = jnp.zeros((0,), jnp.float32)
+  return distgemm_p.bind(
+      x, w, c.astype(jnp.float32), schedule=Schedule(schedule), axis_name=tuple(axis_name),
+      tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
+      timeout_ms=int(timeout_ms))
+
+
+@distgemm_p.def_abstract_eval
+def _abstract_eval(x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms):
+  del c, axis_name, alpha, beta, timeout_ms
+  shape = output_shape(schedule, x.shape, w.shape, tp)
+  # The output varies over the same manual axes as the (vma-matched) operands.
+  return x.update(shape=shape, dtype=out_dtype, weak_type=False,
+                  sharding=core.get_cur_mesh_sharding())
+
+
+# -- Lowering ---------------------------------------------------------------------------------------
+
+def device_groups(mesh, axis_name: tuple, tp: int) -> np.ndarray:
+  """Global device ids of every TP group (rows), in rank order along `axis_name`."""
+  names = tuple(mesh.axis_names)
+  for a in axis_name:
+    if a not in names:
+      raise ValueError(f"axis_name {a!r} is not an axis of the mesh {names}")
+  others = [a for a in names if a not in axis_name]
+  perm = [names.index(a) for a in others + list(axis_name)]
+  ids = np.vectorize(lambda d: d.id, otypes=[np.int64])(mesh.devices)
+  groups = np.transpose(ids, perm).reshape(-1, tp)
+  return np.ascontiguousarray(groups, dtype=np.int64)
+
+
+def _concrete_mesh(ctx):
+  ac = ctx.module_context.axis_context
+  mesh = getattr(ac, "mesh", None) if isinstance(ac, sharding_impls.SPMDAxisContext) else None
+  if mesh is None or not hasattr(mesh, "devices") or isinstance(mesh, jax.sharding.AbstractMesh):
+    raise NotImplementedError(
+        "jax_distgemm: the FFI implementation must be lowered inside jax.shard_map over a "
+        "concrete jax.sharding.Mesh (the device ids of the TP group are needed); use "
+        "implementation='xla' elsewhere")
+  return mesh
+
+
+_registered_device_ids: set[str] = set()
+
+
+def _register_device_ids(platform: str):
+  """Tells the C++ side how local ordinals map to global device ids (once per platform)."""
+  if platform in _registered_device_ids:
+    return
+  module = ffi_modules.module_for(platform)
+  devices = jax.local_devices(backend=platform)
+  module.set_device_ids([d.local_hardware_id for d in devices], [d.id for d in devices])
+  _registered_device_ids.add(platform)
+
+
+def _lowering(platform, ctx, x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype,
+              timeout_ms):
+  del out_dtype  # carried by the result type
+  mesh = _concrete_mesh(ctx)
+  groups = device_groups(mesh, axis_name, tp)
+  _register_device_ids(platform)
+  rule = jax.ffi.ffi_lowering(TARGET_NAME)
+  return rule(
+      ctx, x, w, c,
+      schedule=np.int32(int(schedule)),
+      tp=np.int64(tp),
+      groups=groups.reshape(-1),
+      alpha=np.float32(alpha),
+      beta=np.float32(beta),
+      # Deterministic per module (same on every device and process): the rendezvous key.
+      call_id=np.int64(ctx.module_context.new_channel()),
+      timeout_ms=np.int64(timeout_ms))
+
+
+for _platform in ("cpu", "cuda"):
+  mlir.register_lowering(distgemm_p, functools.partial(_lowering, _platform),
+                         platform=_platform)
+
+
+# -- vmap: a mapped axis becomes one more leading batch dim -----------------------------------------
+
+def _batch_rule(axis_data, args, dims, **params):
+  x, w, c = args
+  bx, bw, bc = dims
+  if bx is None and bw is None and bc is None:
+    return distgemm_p.bind(x, w, c, **params), None
+
+  def lead(a, d):
+    if d is None:
+      return jnp.broadcast_to(a, (axis_data.size,) + a.shape)
+    return jnp.moveaxis(a, d, 0)
+
+  x = lead(x, bx)
+  if bw is not None or w.ndim > 2:
+    # A batched w must carry exactly the batch dims of x.
+    w = jnp.broadcast_to(lead(w, bw), x.shape[:-2] + w.shape[-2:])
+  if c.size:
+    c = lead(c, bc)
+  return distgemm_p.bind(x, w, c, **params), 0
+
+
+batching.fancy_primitive_batchers[distgemm_p] = _batch_rule

@@ -1,0 +1,79 @@
+"""The four 1-D schedules of CUTLASS's Distributed GEMM (Python mirror of cc/schedules/ring_1d.h).
+
+Used by the XLA ring implementation and by tests, which check this table against the C++ one.
+See ring_1d.h for the diagrams.  Notation: x [M, K] @ w [K, N], TP devices, TP stages.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Schedule(enum.IntEnum):
+  """Schedules, with the names and wire values of the seed (CUTLASS example 65)."""
+
+  # x rows-sharded, w cols-sharded -> out = all_gather(x) @ w, cols-sharded.
+  AllGather1D_TilingCD_RotatingA = 0
+  # x rows-sharded, w cols-sharded -> out = x @ all_gather(w), rows-sharded.
+  AllGather1D_TilingCD_RotatingB = 1
+  # x, w sharded on K -> out = reduce_scatter(x @ w) over rows.
+  ReduceScatter1D_TilingA_RotatingC = 2
+  # x, w sharded on K -> out = reduce_scatter(x @ w) over columns.
+  ReduceScatter1D_TilingB_RotatingC = 3
+
+  @property
+  def is_all_gather(self) -> bool:
+    return self in (Schedule.AllGather1D_TilingCD_RotatingA,
+                    Schedule.AllGather1D_TilingCD_RotatingB)
+
+  @classmethod
+  def parse(cls, value: "Schedule | str | int") -> "Schedule":
+    if isinstance(value, Schedule):
+      return value
+    if isinstance(value, str):
+      try:
+        return cls[value]
+      except KeyError:
+        raise ValueError(
+            f"schedule: unknown name {value!r}; expected one of "
+            f"{[s.name for s in cls]}") from None
+    return cls(value)
+
+
+def output_tile(schedule: Schedule, d: int, i: int, tp: int) -> int:
+  """Output tile (row/column block) device d writes at stage i."""
+  if schedule.is_all_gather:
+    return (d + i) % tp
+  return (d - 1 - i) % tp
+
+
+def source(schedule: Schedule, d: int, i: int, tp: int) -> int:
+  """Device whose shard (AllGather) or running sum (ReduceScatter) d consumes at stage i."""
+  if schedule.is_all_gather:
+    return (d + i) % tp
+  return (d - 1) % tp
+
+
+def push_target(schedule: Schedule, d: int, i: int, tp: int) -> int:
+  """Device that consumes d's shard at its stage i (AG) / d's running sum of stage i (RS)."""
+  if schedule.is_all_gather:
+    return (d - i) % tp
+  return (d + 1) % tp
+
+
+def table(schedule: Schedule, tp: int) -> list[tuple[int, int, int, int, int]]:
+  """(device, stage, output_tile, source, push_target) for every device and stage."""
+  return [(d, i, output_tile(schedule, d, i, tp), source(schedule, d, i, tp),
+           push_target(schedule, d, i, tp)) for d in range(tp) for i in range(tp)]
+
+
+def output_shape(schedule: Schedule, x_shape, w_shape, tp: int) -> tuple[int, ...]:
+  """Per-device output shape of `schedule` for per-device operand shapes."""
+  batch, xm, wn = tuple(x_shape[:-2]), x_shape[-2], w_shape[-1]
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+    return batch + (xm * tp, wn)
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingB:
+    return batch + (xm, wn * tp)
+  if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
+    return batch + (xm // tp, wn)
+  return batch + (xm, wn // tp)

@@ -1,0 +1,95 @@
+"""Input checks run at trace time, before anything is launched.
+
+Every message names the argument and the rule it breaks.  The C++ handlers re-check the shape
+rules (cc/common/problem.cc) as a last line of defence.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_distgemm._src.schedules import Schedule, output_shape
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def normalize_axis_name(axis_name) -> tuple[str, ...]:
+  if isinstance(axis_name, str):
+    return (axis_name,)
+  if isinstance(axis_name, (tuple, list)) and axis_name and all(
+      isinstance(a, str) for a in axis_name):
+    return tuple(axis_name)
+  raise TypeError(
+      f"axis_name: expected a mesh axis name or a tuple of them, got {axis_name!r}")
+
+
+def axis_size(axis_name: tuple[str, ...]) -> int:
+  """Size of the (possibly multi-axis) TP axis; a clear error when it is not bound."""
+  try:
+    return int(jax.lax.axis_size(axis_name if len(axis_name) > 1 else axis_name[0]))
+  except NameError:
+    raise ValueError(
+        f"axis_name: {axis_name if len(axis_name) > 1 else axis_name[0]!r} is not bound; "
+        "call this inside jax.shard_map over a mesh that has that axis") from None
+
+
+def _dtype_name(d) -> str:
+  return jnp.dtype(d).name
+
+
+def _shape(a) -> tuple[int, ...]:
+  return tuple(np.shape(a))
+
+
+def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha, beta,
+               out_dtype) -> int:
+  """Validates one call; returns TP."""
+  tp = axis_size(axis_name)
+  for name, v in (("alpha", alpha), ("beta", beta)):
+    if isinstance(v, jax.core.Tracer) or not isinstance(v, (int, float, np.floating,
+                                                            np.integer)):
+      raise TypeError(f"{name}: must be a static Python float, got {type(v).__name__}")
+  xs, ws = _shape(x), _shape(w)
+  if len(xs) < 2:
+    raise ValueError(f"x: must have rank >= 2 ([..., rows, contraction]), got shape {xs}")
+  if len(ws) != 2 and len(ws) != len(xs):
+    raise ValueError(
+        f"w: must have rank 2 ([contraction, columns]) or the rank of x ({len(xs)}), got "
+        f"shape {ws}")
+  if len(ws) > 2 and ws[:-2] != xs[:-2]:
+    raise ValueError(f"w: batch dims {ws[:-2]} must equal those of x {xs[:-2]}")
+  xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
+  if xd not in SUPPORTED_DTYPES:
+    raise TypeError(
+        f"x: dtype {xd.name} is not supported; use bfloat16, float16 or float32")
+  if wd != xd:
+    raise TypeError(f"x, w: dtypes must match, got {xd.name} and {wd.name}")
+  if jnp.dtype(out_dtype) not in SUPPORTED_DTYPES:
+    raise TypeError(
+        f"out_dtype: {_dtype_name(out_dtype)} is not supported; use bfloat16, float16 or "
+        "float32")
+  if xs[-1] != ws[-2]:
+    raise ValueError(
+        f"x, w: contraction dims must match: x has K={xs[-1]} (shape {xs}) but w has "
+        f"K={ws[-2]} (shape {ws})")
+  if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC and xs[-2] % tp:
+    raise ValueError(
+        f"x: rows M={xs[-2]} must be divisible by the TP size {tp} for "
+        f"{schedule.name} (the output is scattered over rows)")
+  if schedule == Schedule.ReduceScatter1D_TilingB_RotatingC and ws[-1] % tp:
+    raise ValueError(
+        f"w: columns N={ws[-1]} must be divisible by the TP size {tp} for "
+        f"{schedule.name} (the output is scattered over columns)")
+  if beta != 0 and c is None:
+    raise ValueError("c: beta != 0 needs c (out = alpha * x @ w + beta * c)")
+  if c is not None:
+    expected = output_shape(schedule, xs, ws, tp)
+    if _shape(c) != expected:
+      raise ValueError(
+          f"c: must have the per-device output shape {expected} for {schedule.name} with "
+          f"TP={tp}, got {_shape(c)}")
+    if not jnp.issubdtype(c.dtype, jnp.floating):
+      raise TypeError(f"c: must be a floating-point array, got {_dtype_name(c.dtype)}")
+  return tp

@@ -1,0 +1,77 @@
+"""Pure-JAX ring: the four schedules written with ppermute and local dots.
+
+The portable fallback (any backend, any dtype) and a second executable spec: it follows the
+same stage order as the fused kernels (cc/schedules/ring_1d.h), so a bug in the index math
+shows up here too.  In the style of the shard_map tutorial's matmul_allgather_overlapped: the
+next shard's ppermute is issued before this stage's dot so XLA may overlap them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_distgemm._src import schedules
+from jax_distgemm._src.reference import epilogue, matmul_f32
+from jax_distgemm._src.schedules import Schedule
+
+
+def _shift(x, axis_name, tp: int, offset: int):
+  """Every device d sends x to device (d + offset) % tp."""
+  return lax.ppermute(x, axis_name, perm=[(j, (j + offset) % tp) for j in range(tp)])
+
+
+def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype):
+  rotating_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
+  d = lax.axis_index(axis_name)
+  axis = x.ndim - 2 if rotating_a else x.ndim - 1  # output axis tiled by the stages
+  block = x.shape[-2] if rotating_a else w.shape[-1]
+  out_shape = list(x.shape[:-1]) + [w.shape[-1]]
+  out_shape[axis] *= tp
+  out = jnp.zeros(out_shape, out_dtype)
+  cur = x if rotating_a else w
+  for i in range(tp):
+    # Shard of device (d + i) % tp: receive from the right neighbour, as the push schedule
+    # delivers it (device s sends its shard to (s - i) % tp for stage i).
+    nxt = _shift(cur, axis_name, tp, -1) if i + 1 < tp else None
+    tile = schedules.output_tile(schedule, d, i, tp)
+    acc = matmul_f32(cur, w) if rotating_a else matmul_f32(x, cur)
+    ct = None if c is None else lax.dynamic_slice_in_dim(c, tile * block, block, axis)
+    y = epilogue(acc, ct, alpha=alpha, beta=beta, out_dtype=out_dtype)
+    out = lax.dynamic_update_slice_in_dim(out, y, tile * block, axis)
+    cur = nxt
+  return out
+
+
+def _reduce_scatter(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype):
+  tiling_a = schedule == Schedule.ReduceScatter1D_TilingA_RotatingC
+  d = lax.axis_index(axis_name)
+  running = None
+  for i in range(tp):
+    tile = schedules.output_tile(schedule, d, i, tp)
+    if tiling_a:
+      block = x.shape[-2] // tp
+      acc = matmul_f32(lax.dynamic_slice_in_dim(x, tile * block, block, x.ndim - 2), w)
+    else:
+      block = w.shape[-1] // tp
+      acc = matmul_f32(x, lax.dynamic_slice_in_dim(w, tile * block, block, w.ndim - 1))
+    if alpha != 1.0:
+      acc = alpha * acc
+    if running is not None:
+      acc = acc + running
+    if i + 1 < tp:
+      running = _shift(acc, axis_name, tp, +1)  # to the right neighbour
+  return epilogue(acc, c, alpha=1.0, beta=beta, out_dtype=out_dtype)
+
+
+def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: float = 1.0,
+                       beta: float = 0.0, out_dtype=None):
+  """Ring implementation of every schedule (see api.distributed_matmul)."""
+  out_dtype = out_dtype or x.dtype
+  tp = lax.axis_size(axis_name)
+  kwargs = dict(axis_name=axis_name, tp=tp, schedule=schedule, alpha=alpha, beta=beta,
+                out_dtype=out_dtype)
+  if schedule.is_all_gather:
+    return _all_gather(x, w, c, **kwargs)
+  return _reduce_scatter(x, w, c, **kwargs)

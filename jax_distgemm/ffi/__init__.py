@@ -1,0 +1,43 @@
+"""Loads the compiled extension modules and registers their FFI targets with JAX.
+
+_distgemm_cpu is always built; _distgemm_cuda only where nvcc was found at build time.
+"""
+
+from __future__ import annotations
+
+import jax
+
+try:
+  from jax_distgemm.ffi import _distgemm_cpu
+except ImportError as e:  # pragma: no cover - a broken install
+  raise ImportError(
+      "jax_distgemm: the compiled CPU extension (_distgemm_cpu) is missing; reinstall the "
+      "package with `pip install .` so that it is built") from e
+
+try:
+  from jax_distgemm.ffi import _distgemm_cuda
+except ImportError as e:
+  _distgemm_cuda = None
+  cuda_import_error: ImportError | None = e
+else:
+  cuda_import_error = None
+
+for _name, _target in _distgemm_cpu.registrations().items():
+  jax.ffi.register_ffi_target(_name, _target, platform="cpu")
+if _distgemm_cuda is not None:
+  for _name, _target in _distgemm_cuda.registrations().items():
+    jax.ffi.register_ffi_target(_name, _target, platform="CUDA")
+
+
+def module_for(platform: str):
+  """The extension module serving `platform` ('cpu' or 'cuda'), or None."""
+  platform = platform.lower()
+  if platform == "cpu":
+    return _distgemm_cpu
+  if platform in ("cuda", "gpu"):
+    return _distgemm_cuda
+  return None
+
+
+def has_cuda() -> bool:
+  return _distgemm_cuda is not None

@@ -1,0 +1,96 @@
+"""Shared test helpers: fake CPU devices, meshes, shardings per schedule, inputs, references.
+
+Importing this module requests 8 fake CPU devices; it must be imported before JAX initializes
+its backends (test modules import it first).  If the devices cannot be had, tests FAIL (they do
+not skip): see `cpu_devices`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+os.environ.setdefault("XLA_FLAGS", "")
+import jax  # noqa: E402
+
+NUM_CPU_DEVICES = 8
+try:
+  jax.config.update("jax_num_cpu_devices", NUM_CPU_DEVICES)
+except RuntimeError:
+  pass  # backends already initialized: cpu_devices() below checks what we got.
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from jax_distgemm import Schedule  # noqa: E402
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+
+# Relative Frobenius error bound vs a float64 reference, per input dtype: products are exact in
+# fp32 accumulation, the output rounding dominates.
+REL_TOL = {jnp.dtype(jnp.bfloat16): 1e-2, jnp.dtype(jnp.float16): 2e-3,
+           jnp.dtype(jnp.float32): 1e-5}
+
+
+def cpu_devices(n: int):
+  devs = jax.devices("cpu")
+  if len(devs) < n:
+    raise AssertionError(
+        f"need {n} CPU devices but JAX has {len(devs)}: tests/test_util.py must be imported "
+        "before JAX initializes (it sets jax_num_cpu_devices)")
+  return devs[:n]
+
+
+def mesh_1d(tp: int, devices=None, axis: str = "tp") -> jax.sharding.Mesh:
+  devices = cpu_devices(tp) if devices is None else devices[:tp]
+  return jax.sharding.Mesh(np.array(devices), (axis,))
+
+
+def specs(schedule: Schedule, batch_ndim: int, axis="tp", w_batched: bool = False):
+  """(x_spec, w_spec, out_spec) of the global arrays for `schedule` along mesh axis `axis`."""
+  b = (None,) * batch_ndim
+  wb = b if w_batched else ()
+  if schedule.is_all_gather:
+    x_spec, w_spec = P(*b, axis, None), P(*wb, None, axis)
+  else:
+    x_spec, w_spec = P(*b, None, axis), P(*wb, axis, None)
+  out_spec = {
+      Schedule.AllGather1D_TilingCD_RotatingA: P(*b, None, axis),
+      Schedule.AllGather1D_TilingCD_RotatingB: P(*b, axis, None),
+      Schedule.ReduceScatter1D_TilingA_RotatingC: P(*b, axis, None),
+      Schedule.ReduceScatter1D_TilingB_RotatingC: P(*b, None, axis),
+  }[schedule]
+  return x_spec, w_spec, out_spec
+
+
+def random_inputs(seed: int, x_shape, w_shape, dtype, c_shape=None):
+  """Fresh normal data (never zeros), rounded to `dtype`; also returns float64 copies."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal(x_shape).astype(np.float32)
+  w = (rng.standard_normal(w_shape) / np.sqrt(x_shape[-1])).astype(np.float32)
+  x, w = jnp.asarray(x, dtype), jnp.asarray(w, dtype)
+  c = None if c_shape is None else jnp.asarray(rng.standard_normal(c_shape), jnp.float32)
+  return x, w, c
+
+
+def reference_np(x, w, c=None, *, alpha=1.0, beta=0.0):
+  """Global float64 reference: alpha * x @ w + beta * c."""
+  y = alpha * np.matmul(np.asarray(x, np.float64), np.asarray(w, np.float64))
+  if c is not None and beta:
+    y = y + beta * np.asarray(c, np.float64)
+  return y
+
+
+def rel_err(out, ref) -> float:
+  out = np.asarray(out, np.float64)
+  return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def collectives_in_hlo(hlo_text: str) -> dict[str, int]:
+  """Counts of collective ops and of our custom call in compiled HLO text."""
+  names = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
+  counts = {n: len(re.findall(rf"= [^=\n]*\b{n}(-start)?\(", hlo_text)) for n in names}
+  counts["jax_distgemm"] = len(re.findall(r'custom_call_target="jax_distgemm_v1"', hlo_text))
+  return counts
