@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 _DEFAULT_TIMEOUT_MS = 5000
+_DEFAULT_MAX_WORKSPACE_MB = 8192
 
 
 def default_timeout_ms() -> int:
@@ -33,3 +34,23 @@ def forced_implementation() -> str | None:
         "JAX_DISTGEMM_IMPLEMENTATION must be 'ffi', 'xla' or 'reference', "
         f"got {value!r}")
   return value
+
+
+def workspace_cap_bytes() -> int:
+  """Largest workspace (bytes) the fused CUDA path may need; bigger cases are refused before launch.
+
+  JAX_DISTGEMM_MAX_WORKSPACE_MB overrides the default of 8192 MiB.  See
+  cuda_rules.workspace_bytes for the estimate it is compared with.
+  """
+  value = os.environ.get("JAX_DISTGEMM_MAX_WORKSPACE_MB")
+  if value is None:
+    return _DEFAULT_MAX_WORKSPACE_MB << 20
+  try:
+    mb = int(value)
+  except ValueError:
+    raise ValueError(
+        f"JAX_DISTGEMM_MAX_WORKSPACE_MB must be a positive integer (MiB), got {value!r}"
+    ) from None
+  if mb <= 0:
+    raise ValueError(f"JAX_DISTGEMM_MAX_WORKSPACE_MB must be a positive integer (MiB), got {mb}")
+  return mb << 20

@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
+from jax_distgemm._src import config
 from jax_distgemm._src.schedules import Schedule, output_shape
 
 CUDA_IN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 CUDA_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 _TMA_ALIGN_BYTES = 16
+
+
+def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int) -> int:
+  """Estimated CUDA workspace of one call, in bytes (per device), for the workspace cap.
+
+  AllGather: TP-1 stage slots, each holding one shard of the rotating operand (x for RotatingA,
+  w for RotatingB), double-buffered: 2 * (TP-1) * shard bytes.
+  ReduceScatter: TP-1 fp32 running sums of one output tile: (TP-1) * batch * tile * 4 bytes.
+  Shapes are the per-device (local) operand shapes; dtype is the input dtype.
+  """
+  schedule = Schedule(schedule)
+  if tp <= 1:
+    return 0
+  x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+  itemsize = jnp.dtype(dtype).itemsize
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+    return 2 * (tp - 1) * math.prod(x_shape) * itemsize
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingB:
+    return 2 * (tp - 1) * math.prod(w_shape) * itemsize
+  batch, xm, wn = math.prod(x_shape[:-2]), x_shape[-2], w_shape[-1]
+  if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
+    tile = (xm // tp) * wn
+  else:
+    tile = xm * (wn // tp)
+  return (tp - 1) * batch * tile * 4
 
 
 def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:
@@ -34,4 +62,11 @@ def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | No
     # Each stage reads a column block of w starting at a multiple of N/TP.
     return (f"w (N/TP): the column block ({w.shape[-1] // tp}) must start 16-byte aligned "
             "for TMA")
+  need = workspace_bytes(x.shape, w.shape, xd, schedule, tp)
+  cap = config.workspace_cap_bytes()
+  if need > cap:
+    return (f"workspace: {schedule.name} with TP={tp} needs {need} bytes "
+            f"({need / 2**20:.1f} MiB) of workspace per device, more than the cap of {cap} "
+            f"bytes ({cap / 2**20:.1f} MiB); raise JAX_DISTGEMM_MAX_WORKSPACE_MB or shrink the "
+            "per-device shapes")
   return None
