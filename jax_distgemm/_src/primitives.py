@@ -24,6 +24,7 @@ from jax._src import sharding_impls
 from jax._src.interpreters import batching
 
 from jax_distgemm import ffi as ffi_modules
+from jax_distgemm._src import validation
 from jax_distgemm._src.schedules import Schedule, output_shape
 
 TARGET_NAME = "jax_distgemm_v1"
@@ -56,13 +57,13 @@ def _abstract_eval(x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype, 
 def device_groups(mesh, axis_name: tuple, tp: int) -> np.ndarray:
   """Global device ids of every TP group (rows), in rank order along `axis_name`."""
   names = tuple(mesh.axis_names)
-  for a in axis_name:
-    if a not in names:
-      raise ValueError(f"axis_name {a!r} is not an axis of the mesh {names}")
+  validation.check_tp_group(dict(zip(names, mesh.devices.shape)), axis_name, tp)
   others = [a for a in names if a not in axis_name]
   perm = [names.index(a) for a in others + list(axis_name)]
   ids = np.vectorize(lambda d: d.id, otypes=[np.int64])(mesh.devices)
   groups = np.transpose(ids, perm).reshape(-1, tp)
+  validation.check_groups_local(
+      groups, [d.id for d in mesh.devices.flat if d.process_index == jax.process_index()])
   return np.ascontiguousarray(groups, dtype=np.int64)
 
 

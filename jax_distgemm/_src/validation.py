@@ -93,3 +93,49 @@ def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha
     if not jnp.issubdtype(c.dtype, jnp.floating):
       raise TypeError(f"c: must be a floating-point array, got {_dtype_name(c.dtype)}")
   return tp
+
+
+def check_tp_group(axis_sizes, axis_name: tuple[str, ...], tp: int) -> None:
+  """Lowering-time check: the mesh gives the TP group the call was traced for.
+
+  axis_sizes maps each axis of the concrete mesh to its size.  The FFI handlers meet exactly
+  `tp` devices per group; if the product of the sizes of `axis_name` differs (a call traced for
+  one TP size and lowered on a mesh with another, or a primitive bound with a wrong tp), the
+  groups would be wrong or not even formable.
+  """
+  names = tuple(axis_sizes)
+  for a in axis_name:
+    if a not in axis_sizes:
+      raise ValueError(f"axis_name: {a!r} is not an axis of the mesh {names}")
+  size = 1
+  for a in axis_name:
+    size *= int(axis_sizes[a])
+  if size != tp:
+    shown = axis_name if len(axis_name) > 1 else axis_name[0]
+    raise ValueError(
+        f"tp: the call was traced for TP={tp} but mesh axis {shown!r} has {size} devices; "
+        "the TP group size must equal the mesh axis size (the device count of each call)")
+  total = 1
+  for s in axis_sizes.values():
+    total *= int(s)
+  if total % tp:
+    raise ValueError(f"tp: the mesh's {total} devices do not split into groups of TP={tp}")
+
+
+def check_groups_local(groups, local_device_ids) -> None:
+  """Every TP group that holds a device of this process must hold only devices of it.
+
+  The FFI executors meet the peers of a group inside one process (a host rendezvous between
+  XLA's per-device threads); a group spanning processes could never meet and would only fail
+  at the timeout.  groups: [num_groups, tp] global device ids.
+  """
+  local = set(int(d) for d in local_device_ids)
+  for row in np.asarray(groups):
+    ids = [int(d) for d in row]
+    here = [d for d in ids if d in local]
+    if here and len(here) != len(ids):
+      missing = [d for d in ids if d not in local]
+      raise ValueError(
+          f"axis_name: the TP group {ids} spans processes (devices {missing} are not "
+          "addressable by this process); implementation='ffi' needs every device of a TP group "
+          "in one process, use implementation='xla' across processes")
