@@ -1,0 +1,161 @@
+"""No hangs: a peer that never arrives makes the call fail at the timeout, naming phase and peer.
+
+The CPU executor's handlers meet in a host rendezvous (cc/common/rendezvous.cc).  The test hook
+`_distgemm_cpu.set_fault_device(ordinal)` makes the handler on that device return at once
+without meeting its peers, so the others wait at the pointer exchange until `timeout_ms`, the
+session is poisoned and every waiting handler returns DEADLINE_EXCEEDED.  After the hook is
+reset, the same compiled program and new ones must run correctly: the process stays usable.
+
+A watchdog (faulthandler) turns a real hang into a failed run with tracebacks instead of a CI job
+that never ends.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import time
+from unittest import mock
+
+try:
+  from tests import test_util as tu  # noqa: I001 - must precede JAX initialization
+except ImportError:
+  import test_util as tu
+
+from absl.testing import absltest  # noqa: E402
+from absl.testing import parameterized  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_distgemm as jd  # noqa: E402
+from jax_distgemm import Schedule  # noqa: E402
+from jax_distgemm.ffi import _distgemm_cpu  # noqa: E402
+
+TIMEOUT_MS = 300
+WATCHDOG_S = 120  # far above any legitimate run of one test
+
+
+def _shapes(schedule: Schedule, tp: int):
+  if schedule.is_all_gather:
+    return (8 * tp, 16), (16, 8 * tp)
+  return (8 * tp, 16 * tp), (16 * tp, 8 * tp)
+
+
+def _build(schedule: Schedule, mesh, axis, *, timeout_ms, batch_ndim=0, seed=0):
+  """A jitted ffi call over `mesh` plus its inputs and float64 reference."""
+  x_shape, w_shape = _shapes(schedule, mesh.shape[axis])
+  other = [a for a in mesh.axis_names if a != axis]
+  xs, ws, os_ = tu.specs(schedule, batch_ndim, axis=axis)
+  if other:  # extra (data-parallel) axis: shard a leading batch dim over it
+    batch_ndim = 1
+    xs, ws, os_ = tu.specs(schedule, 1, axis=axis)
+    xs, os_ = P(other[0], *xs[1:]), P(other[0], *os_[1:])
+    x_shape = (mesh.shape[other[0]],) + x_shape
+  xg, wg, _ = tu.random_inputs(seed, x_shape, w_shape, jnp.float32)
+  body = lambda x, w: jd.distributed_matmul(x, w, axis_name=axis, schedule=schedule,
+                                            implementation="ffi", timeout_ms=timeout_ms)
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(xs, ws), out_specs=os_))
+  x = jax.device_put(xg, NamedSharding(mesh, xs))
+  w = jax.device_put(wg, NamedSharding(mesh, ws))
+  return f, x, w, tu.reference_np(xg, wg)
+
+
+class TimeoutTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+    _distgemm_cpu.set_fault_device(-1)
+
+  def tearDown(self):
+    _distgemm_cpu.set_fault_device(-1)
+    faulthandler.cancel_dump_traceback_later()
+    super().tearDown()
+
+  def assertCorrect(self, f, x, w, ref):
+    self.assertLess(tu.rel_err(f(x, w), ref), 1e-5)
+
+  def assertTimesOut(self, f, x, w, *, fault_ordinal, timeout_ms, missing_rank, phase):
+    """Runs f with the handler of `fault_ordinal` absent; checks the error and its latency."""
+    _distgemm_cpu.set_fault_device(fault_ordinal)
+    try:
+      start = time.monotonic()
+      with self.assertRaises(jax.errors.JaxRuntimeError) as cm:
+        np.asarray(f(x, w))  # forces completion: errors surface here at the latest
+      elapsed = time.monotonic() - start
+    finally:
+      _distgemm_cpu.set_fault_device(-1)
+    msg = str(cm.exception)
+    self.assertIn("DEADLINE_EXCEEDED: jax_distgemm: CPU executor, device", msg)
+    self.assertIn(f"timed out after {timeout_ms} ms waiting for peers at {phase}", msg)
+    self.assertRegex(msg, rf"missing ranks: {missing_rank}\.")
+    self.assertIn("JAX_DISTGEMM_TIMEOUT_MS", msg)  # says how to raise the bound
+    # Bounded: at least the timeout (peers really waited), and far from a hang.
+    self.assertGreaterEqual(elapsed, timeout_ms / 1000 * 0.9)
+    self.assertLess(elapsed, 20.0)
+    return msg
+
+  @parameterized.named_parameters(
+      ("all_gather_rotating_a", Schedule.AllGather1D_TilingCD_RotatingA, 2),
+      ("all_gather_rotating_b", Schedule.AllGather1D_TilingCD_RotatingB, 0),
+      ("reduce_scatter_tiling_a", Schedule.ReduceScatter1D_TilingA_RotatingC, 3),
+      ("reduce_scatter_tiling_b", Schedule.ReduceScatter1D_TilingB_RotatingC, 1),
+  )
+  def test_missing_peer_times_out_and_process_stays_usable(self, schedule, fault):
+    mesh = tu.mesh_1d(4)
+    f, x, w, ref = _build(schedule, mesh, "tp", timeout_ms=TIMEOUT_MS)
+    self.assertCorrect(f, x, w, ref)  # compiled and correct before the fault
+    for _ in range(2):  # twice: a poisoned session must not leak into the next call
+      msg = self.assertTimesOut(f, x, w, fault_ordinal=fault, timeout_ms=TIMEOUT_MS,
+                                missing_rank=fault, phase="pointer exchange")
+      self.assertRegex(msg, r"\(rank \d of 4\)")
+    # Usable: the same executable, and a freshly compiled one, give the right answer.
+    self.assertCorrect(f, x, w, ref)
+    g, x2, w2, ref2 = _build(schedule, mesh, "tp", timeout_ms=TIMEOUT_MS, seed=1)
+    self.assertCorrect(g, x2, w2, ref2)
+
+  def test_missing_peer_in_second_group_is_named(self):
+    # Mesh (dp=2, tp=4): groups [0..3] and [4..7].  Device 6 is rank 2 of the second group.
+    devices = np.array(tu.cpu_devices(8)).reshape(2, 4)
+    mesh = jax.sharding.Mesh(devices, ("dp", "tp"))
+    f, x, w, ref = _build(Schedule.ReduceScatter1D_TilingB_RotatingC, mesh, "tp",
+                          timeout_ms=TIMEOUT_MS)
+    self.assertCorrect(f, x, w, ref)
+    msg = self.assertTimesOut(f, x, w, fault_ordinal=6, timeout_ms=TIMEOUT_MS, missing_rank=2,
+                              phase="pointer exchange")
+    self.assertRegex(msg, r"device [457]: ")  # reported by a waiting peer of that group
+    self.assertCorrect(f, x, w, ref)
+
+  def test_default_timeout_from_env(self):
+    # timeout_ms=None takes JAX_DISTGEMM_TIMEOUT_MS, read when the call is traced.
+    mesh = tu.mesh_1d(2)
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_TIMEOUT_MS": "250"}):
+      f, x, w, ref = _build(Schedule.AllGather1D_TilingCD_RotatingA, mesh, "tp", timeout_ms=None)
+      self.assertCorrect(f, x, w, ref)
+    self.assertTimesOut(f, x, w, fault_ordinal=1, timeout_ms=250, missing_rank=1,
+                        phase="pointer exchange")
+    self.assertCorrect(f, x, w, ref)
+
+  def test_timeout_is_not_hit_by_a_healthy_call(self):
+    # A short timeout must not fire when every peer shows up (no false positives), TP=8.
+    mesh = tu.mesh_1d(8)
+    for schedule in Schedule:
+      f, x, w, ref = _build(schedule, mesh, "tp", timeout_ms=TIMEOUT_MS)
+      for _ in range(3):
+        self.assertCorrect(f, x, w, ref)
+
+  def test_message_names_timeout_value(self):
+    # Guards the parser above: the message carries the configured value, not a constant.
+    mesh = tu.mesh_1d(2)
+    f, x, w, _ = _build(Schedule.ReduceScatter1D_TilingA_RotatingC, mesh, "tp", timeout_ms=123)
+    msg = self.assertTimesOut(f, x, w, fault_ordinal=0, timeout_ms=123, missing_rank=0,
+                              phase="pointer exchange")
+    self.assertIsNone(re.search(rf"after {TIMEOUT_MS} ms", msg))
+
+
+if __name__ == "__main__":
+  absltest.main()
