@@ -1,0 +1,71 @@
+"""Every implementation on 8 fake CPU devices: the shared cases plus HLO assertions.
+
+"ffi" is the CPU executor (the same rotation as the CUDA kernels, peers' shards read in place),
+"xla" the ppermute ring, "reference" XLA's all_gather / psum_scatter.  Each implementation must
+also lower to what it claims to be: one custom call and no XLA collective for "ffi",
+collective-permutes only for "xla", the all-gather or reduce-scatter for "reference".
+"""
+
+import os
+from unittest import mock
+
+import test_util  # noqa: I001  (first: requests the 8 fake CPU devices)
+
+import jax
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import collective_matmul_test_base as base  # the module, so its base class is not collected
+
+HLO_TPS = (2, 4, 8)
+NO_COLLECTIVES = {"all-gather": 0, "reduce-scatter": 0, "all-reduce": 0,
+                  "collective-permute": 0, "all-to-all": 0, "jax_distgemm": 0}
+
+
+def setUpModule():
+  test_util.cpu_devices(test_util.NUM_CPU_DEVICES)  # fails (not skips) without 8 devices
+  assert jax.default_backend() == "cpu", jax.default_backend()
+
+
+class FfiCpuTest(base.CollectiveMatmulTestBase):
+  IMPLEMENTATION = "ffi"
+
+  @parameterized.product(schedule=base.SCHEDULES, tp=HLO_TPS)
+  def test_lowers_to_one_custom_call_and_no_collective(self, schedule, tp):
+    counts = self.compiled_collectives(schedule, tp)
+    self.assertEqual(counts, NO_COLLECTIVES | {"jax_distgemm": 1})
+
+  def test_auto_selects_ffi_on_cpu(self):
+    fn, placed = self.check(base.AG_A, tp=4, implementation=None, calls=1)
+    counts = test_util.collectives_in_hlo(fn.lower(*placed).compile().as_text())
+    self.assertEqual(counts, NO_COLLECTIVES | {"jax_distgemm": 1})
+
+  def test_env_var_overrides_auto(self):
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_IMPLEMENTATION": "xla"}):
+      fn, placed = self.check(base.RS_A, tp=4, implementation=None, calls=1)
+      counts = test_util.collectives_in_hlo(fn.lower(*placed).compile().as_text())
+    self.assertEqual(counts, NO_COLLECTIVES | {"collective-permute": 3})
+
+
+class XlaCpuTest(base.CollectiveMatmulTestBase):
+  IMPLEMENTATION = "xla"
+
+  @parameterized.product(schedule=base.SCHEDULES, tp=HLO_TPS)
+  def test_lowers_to_collective_permutes_only(self, schedule, tp):
+    counts = self.compiled_collectives(schedule, tp)
+    # A ring of TP stages moves a shard (or a running sum) TP - 1 times.
+    self.assertEqual(counts, NO_COLLECTIVES | {"collective-permute": tp - 1})
+
+
+class ReferenceCpuTest(base.CollectiveMatmulTestBase):
+  IMPLEMENTATION = "reference"
+
+  @parameterized.product(schedule=base.SCHEDULES, tp=HLO_TPS)
+  def test_lowers_to_all_gather_or_reduce_scatter(self, schedule, tp):
+    counts = self.compiled_collectives(schedule, tp)
+    collective = "all-gather" if schedule.is_all_gather else "reduce-scatter"
+    self.assertEqual(counts, NO_COLLECTIVES | {collective: 1})
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,231 @@
+"""Shared cases for every implementation of the collective matmuls.
+
+A backend's test module subclasses `CollectiveMatmulTestBase` once per implementation and sets
+IMPLEMENTATION ("ffi", "xla" or "reference"); every case then runs through the public API
+inside jax.jit(jax.shard_map(...)) and is compared with a float64 numpy GEMM of the GLOBAL
+problem.  Each case draws fresh random data for every call and calls the jitted function several
+times, so a stale buffer, a rendezvous that leaks into the next call or a wrong tile placement
+shows up as a numeric failure.
+
+This module is not collected by itself (its name does not end in _test.py); import it as a
+module, not its class, so that test loaders do not collect the abstract base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import test_util  # noqa: I001  (first: configures JAX before it initializes)
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import parameterized
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_distgemm
+from jax_distgemm import Schedule
+
+SCHEDULES = tuple(Schedule)
+AG_A, AG_B, RS_A, RS_B = SCHEDULES
+TPS = (1, 2, 4, 8)
+CALLS = 3  # calls of one jitted function, each with fresh data
+
+# Global problem sizes: divisible by every TP we test; not powers of two, so that a stride bug
+# cannot hide behind a square or aligned shape.
+M, K, N = 56, 24, 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+  """One epilogue configuration: out = alpha * x @ w + beta * c, cast to out_dtype."""
+  name: str
+  dtype: str
+  out_dtype: str | None = None
+  alpha: float = 1.0
+  beta: float = 0.0
+  c_dtype: str = "fp32"
+
+  def __repr__(self):
+    return self.name
+
+
+EPILOGUES = (
+    Epilogue("bf16_to_fp32", "bf16", out_dtype="fp32"),
+    Epilogue("bf16_to_fp32_alpha_beta", "bf16", out_dtype="fp32", alpha=0.5, beta=2.0),
+    Epilogue("fp16_to_fp32_negative_alpha", "fp16", out_dtype="fp32", alpha=-1.25, beta=0.25),
+    Epilogue("fp32_to_bf16_beta", "fp32", out_dtype="bf16", beta=1.0),
+    Epilogue("bf16_alpha_beta_bf16_c", "bf16", alpha=2.0, beta=-0.5, c_dtype="bf16"),
+    Epilogue("fp16_to_bf16_alpha", "fp16", out_dtype="bf16", alpha=3.0),
+)
+
+
+def call_public_api(schedule: Schedule, x, w, c, *, api: str = "wrapper", **kwargs):
+  """Calls the public entry point for `schedule` (inside shard_map)."""
+  if api == "distributed_matmul":
+    return jax_distgemm.distributed_matmul(x, w, c, schedule=schedule.name, **kwargs)
+  if schedule.is_all_gather:
+    return jax_distgemm.all_gather_matmul(
+        x, w, c, gathered="x" if schedule == AG_A else "w", **kwargs)
+  return jax_distgemm.matmul_reduce_scatter(
+      x, w, c, scatter="rows" if schedule == RS_A else "cols", **kwargs)
+
+
+def with_batch_axis(spec, batch_ndim: int, batch_axis):
+  """`spec` with its first (batch) entry sharded over mesh axis `batch_axis`."""
+  if batch_axis is None or not batch_ndim:
+    return spec
+  entries = tuple(spec)
+  return P(batch_axis, *entries[1:])
+
+
+class CollectiveMatmulTestBase(parameterized.TestCase):
+  """Cases every implementation must pass; subclasses set IMPLEMENTATION."""
+
+  IMPLEMENTATION: str | None = None
+
+  def setUp(self):
+    super().setUp()
+    if self.IMPLEMENTATION not in jax_distgemm.IMPLEMENTATIONS:
+      raise AssertionError(
+          f"{type(self).__name__}.IMPLEMENTATION must be one of "
+          f"{jax_distgemm.IMPLEMENTATIONS}, got {self.IMPLEMENTATION!r}")
+
+  # -- Machinery -------------------------------------------------------------------------------
+
+  def seed(self, call: int) -> int:
+    """Different for every test case and every call, reproducible across runs."""
+    return zlib.crc32(f"{self.id()}/{call}".encode())
+
+  def build(self, schedule: Schedule, *, mesh, axis_name="tp", batch=(), w_batched=False,
+            batch_axis=None, pass_c=False, api="wrapper", implementation="default", **kwargs):
+    """jax.jit(jax.shard_map(...)) of the public API, and its global in/out specs."""
+    x_spec, w_spec, out_spec = test_util.specs(schedule, len(batch), axis=axis_name,
+                                               w_batched=w_batched)
+    x_spec = with_batch_axis(x_spec, len(batch), batch_axis)
+    w_spec = with_batch_axis(w_spec, len(batch) if w_batched else 0, batch_axis)
+    out_spec = with_batch_axis(out_spec, len(batch), batch_axis)
+    impl = self.IMPLEMENTATION if implementation == "default" else implementation
+
+    def body(x, w, c=None):
+      return call_public_api(schedule, x, w, c, api=api, axis_name=axis_name,
+                             implementation=impl, **kwargs)
+
+    in_specs = (x_spec, w_spec, out_spec) if pass_c else (x_spec, w_spec)
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
+    return fn, in_specs, out_spec
+
+  def check(self, schedule: Schedule, *, tp=None, mesh=None, axis_name="tp", dtype="bf16",
+            out_dtype=None, alpha=1.0, beta=0.0, c_dtype="fp32", batch=(), w_batched=False,
+            batch_axis=None, pass_c=None, api="wrapper", implementation="default",
+            m=M, k=K, n=N, calls=CALLS, compiled=False):
+    """Runs one case `calls` times with fresh data; asserts each result against float64.
+
+    Returns the jitted function and the placed arguments of the last call (for HLO checks).
+    """
+    if mesh is None:
+      mesh = test_util.mesh_1d(tp)
+    pass_c = beta != 0.0 if pass_c is None else pass_c
+    kwargs = dict(alpha=alpha, beta=beta)
+    if out_dtype is not None:
+      kwargs["out_dtype"] = test_util.DTYPES[out_dtype]
+    fn, in_specs, out_spec = self.build(
+        schedule, mesh=mesh, axis_name=axis_name, batch=batch, w_batched=w_batched,
+        batch_axis=batch_axis, pass_c=pass_c, api=api, implementation=implementation,
+        **kwargs)
+    in_dtype = jnp.dtype(test_util.DTYPES[dtype])
+    want_dtype = jnp.dtype(test_util.DTYPES[out_dtype]) if out_dtype else in_dtype
+    tol = max(test_util.REL_TOL[in_dtype], test_util.REL_TOL[want_dtype])
+    x_shape, out_shape = tuple(batch) + (m, k), tuple(batch) + (m, n)
+    w_shape = (tuple(batch) if w_batched else ()) + (k, n)
+
+    previous = None
+    for call in range(calls):
+      x, w, c = test_util.random_inputs(self.seed(call), x_shape, w_shape, in_dtype,
+                                        c_shape=out_shape if pass_c else None)
+      if c is not None:
+        c = c.astype(test_util.DTYPES[c_dtype])
+      args = [x, w] + ([c] if pass_c else [])
+      placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, in_specs)]
+      run = fn.lower(*placed).compile() if compiled else fn
+      out = run(*placed)
+      self.assertEqual(out.shape, out_shape)
+      self.assertEqual(out.dtype, want_dtype)
+      self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), out.ndim),
+                      f"output sharding {out.sharding} is not {out_spec}")
+      ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
+      err = test_util.rel_err(out, ref)
+      self.assertLessEqual(
+          err, tol, f"call {call}: relative error {err:.3g} > {tol:g} ({schedule.name}, "
+          f"implementation={self.IMPLEMENTATION}, in={dtype}, out={out_dtype})")
+      out = np.asarray(out.astype(jnp.float32))
+      if previous is not None:
+        self.assertFalse(np.array_equal(out, previous), "two calls returned the same output")
+      previous = out
+    return fn, placed
+
+  def compiled_collectives(self, schedule: Schedule, tp: int) -> dict[str, int]:
+    """Collectives in the compiled HLO of one case; the compiled program is also checked."""
+    fn, placed = self.check(schedule, tp=tp, calls=1, compiled=True)
+    return test_util.collectives_in_hlo(fn.lower(*placed).compile().as_text())
+
+  # -- Cases -----------------------------------------------------------------------------------
+
+  @parameterized.product(schedule=SCHEDULES, tp=TPS, dtype=("bf16", "fp16", "fp32"))
+  def test_schedule(self, schedule, tp, dtype):
+    self.check(schedule, tp=tp, dtype=dtype)
+
+  @parameterized.product(schedule=SCHEDULES, batch=((3,), (2, 2)), w_batched=(False, True))
+  def test_leading_batch_dims(self, schedule, batch, w_batched):
+    # x [*L, M, K] with w [K, N] (shared weight) or w [*L, K, N] (one weight per batch entry).
+    self.check(schedule, tp=4, batch=batch, w_batched=w_batched)
+
+  @parameterized.product(schedule=SCHEDULES, epilogue=EPILOGUES)
+  def test_epilogue(self, schedule, epilogue):
+    self.check(schedule, tp=4, dtype=epilogue.dtype, out_dtype=epilogue.out_dtype,
+               alpha=epilogue.alpha, beta=epilogue.beta, c_dtype=epilogue.c_dtype)
+
+  @parameterized.product(schedule=SCHEDULES)
+  def test_c_is_ignored_when_beta_is_zero(self, schedule):
+    # The reference leaves c out when beta == 0; the result must not depend on it.
+    self.check(schedule, tp=2, alpha=1.5, beta=0.0, pass_c=True)
+
+  @parameterized.product(schedule=SCHEDULES, w_batched=(False, True))
+  def test_2d_mesh_batch_sharded_on_data(self, schedule, w_batched):
+    # mesh ("data", "tp") = (2, 4): two independent TP groups of 4, batch split between them.
+    mesh = jax.sharding.Mesh(np.array(test_util.cpu_devices(8)).reshape(2, 4), ("data", "tp"))
+    self.check(schedule, mesh=mesh, batch=(4,), w_batched=w_batched, batch_axis="data",
+               beta=0.5)
+
+  @parameterized.product(schedule=SCHEDULES)
+  def test_tp_over_two_mesh_axes(self, schedule):
+    # axis_name=("data", "tp") on a (2, 4) mesh: one TP group of 8, ranks in row-major order.
+    mesh = jax.sharding.Mesh(np.array(test_util.cpu_devices(8)).reshape(2, 4), ("data", "tp"))
+    self.check(schedule, mesh=mesh, axis_name=("data", "tp"))
+
+  @parameterized.product(schedule=SCHEDULES)
+  def test_distributed_matmul_by_schedule_name(self, schedule):
+    self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)
+
+  @parameterized.product(schedule=SCHEDULES)
+  def test_vmap_inside_shard_map(self, schedule):
+    # A vmapped x gains a leading batch dim inside the per-device program.
+    tp, vb = 2, 3
+    mesh = test_util.mesh_1d(tp)
+    x_spec, w_spec, out_spec = test_util.specs(schedule, 1)
+
+    def body(x, w):
+      f = lambda xi: call_public_api(schedule, xi, w, None, axis_name="tp",
+                                     implementation=self.IMPLEMENTATION)
+      return jax.vmap(f)(x)
+
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec))
+    for call in range(CALLS):
+      x, w, _ = test_util.random_inputs(self.seed(call), (vb, M, K), (K, N), jnp.bfloat16)
+      out = fn(jax.device_put(x, NamedSharding(mesh, x_spec)),
+               jax.device_put(w, NamedSharding(mesh, w_spec)))
+      self.assertEqual(out.shape, (vb, M, N))
+      self.assertLessEqual(test_util.rel_err(out, test_util.reference_np(x, w)),
+                           test_util.REL_TOL[jnp.dtype(jnp.bfloat16)])
