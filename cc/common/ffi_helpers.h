@@ -53,8 +53,8 @@ inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w
   auto od = out.dimensions();
   auto cd = c.dimensions();
   const bool has_c = c.element_count() > 0;
-  if (has_c && c.element_type() != ffi::DataType::F32)
-    return InvalidArgument("c: must be passed as float32 to the FFI call");
+  if (has_c && c.element_type() != out.element_type())
+    return InvalidArgument("c: must have the output dtype");
   std::string err = MakeProblem(
       static_cast<ScheduleKind>(a.schedule), static_cast<int>(a.tp), xd.begin(),
       static_cast<int>(xd.size()), wd.begin(), static_cast<int>(wd.size()), od.begin(),

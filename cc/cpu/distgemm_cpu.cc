@@ -43,7 +43,7 @@ CpuGemmArgs StageGemm(const Problem& p) {
 
 template <class Sched>
 std::string RunAllGather(const Problem& p, int rank, Session& s, const void* x, const void* w,
-                         const float* c, void* out, std::chrono::milliseconds timeout) {
+                         const void* c, void* out, std::chrono::milliseconds timeout) {
   constexpr bool kRotatingA = Sched::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
   s.Publish(rank, {const_cast<void*>(x), const_cast<void*>(w)});
   if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
@@ -60,6 +60,7 @@ std::string RunAllGather(const Problem& p, int rank, Session& s, const void* x, 
     g.d_view = p.OutView(tile);
     if (c) {
       g.c = c;
+      g.c_type = p.out_type;
       g.c_view = g.d_view;
       g.beta = p.beta;
     }
@@ -70,7 +71,7 @@ std::string RunAllGather(const Problem& p, int rank, Session& s, const void* x, 
 
 template <class Sched>
 std::string RunReduceScatter(const Problem& p, int rank, Session& s, const void* x,
-                             const void* w, const float* c, void* out,
+                             const void* w, const void* c, void* out,
                              std::chrono::milliseconds timeout) {
   // Running sums of stages 0..TP-2, read by the right neighbour one stage later.
   std::vector<float> partials(static_cast<size_t>((p.tp - 1) * p.PartialElems()));
@@ -96,6 +97,7 @@ std::string RunReduceScatter(const Problem& p, int rank, Session& s, const void*
       g.d_view = p.OutView(tile);
       if (c) {
         g.c = c;
+        g.c_type = p.out_type;
         g.c_view = g.d_view;
         g.beta = p.beta;
       }
@@ -132,7 +134,7 @@ ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBu
     return InvalidArgument("device " + std::to_string(device_id) +
                            " is not in the TP groups of this call");
   }
-  const float* cptr = p.has_c ? static_cast<const float*>(c.untyped_data()) : nullptr;
+  const void* cptr = p.has_c ? c.untyped_data() : nullptr;
   if (device_ordinal == g_fault_device.load()) return ffi::Error::Success();  // test hook
 
   std::ostringstream key;
@@ -167,7 +169,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
                                   .Ctx<ffi::DeviceOrdinal>()  // this device
                                   .Arg<ffi::AnyBuffer>()      // x
                                   .Arg<ffi::AnyBuffer>()      // w
-                                  .Arg<ffi::AnyBuffer>()      // c (f32; 0 elements if absent)
+                                  .Arg<ffi::AnyBuffer>()      // c (output dtype; 0 elements if absent)
                                   .Ret<ffi::AnyBuffer>()      // out
                                   .Attr<int32_t>("schedule")  // ScheduleKind
                                   .Attr<int64_t>("tp")        // TP group size

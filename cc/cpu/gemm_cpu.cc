@@ -105,7 +105,8 @@ void GemmCpu(const CpuGemmArgs& g) {
                              i * g.running_sum_view.ld + j];
         }
         if (g.c) {
-          v += g.beta * g.c[g.c_view.offset + l * g.c_view.batch_stride + i * g.c_view.ld + j];
+          v += g.beta * Load(g.c_type, g.c,
+                             g.c_view.offset + l * g.c_view.batch_stride + i * g.c_view.ld + j);
         }
         Store(g.d_type, g.d, d0 + j, v);
       }

@@ -8,7 +8,7 @@
 namespace jax_distgemm {
 
 // D = alpha * (A @ B) + running_sum + beta * c, batched over L.
-// `running_sum` (ReduceScatter partials) and `c` are fp32 and optional (nullptr).
+// `running_sum` (ReduceScatter partials, fp32) and `c` (of type c_type) are optional (nullptr).
 struct CpuGemmArgs {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   ElemType ab_type = ElemType::kF32;
@@ -19,7 +19,8 @@ struct CpuGemmArgs {
   float alpha = 1.f;
   const float* running_sum = nullptr;
   MatrixView running_sum_view;
-  const float* c = nullptr;
+  const void* c = nullptr;
+  ElemType c_type = ElemType::kF32;
   MatrixView c_view;
   float beta = 0.f;
   ElemType d_type = ElemType::kF32;

@@ -73,9 +73,18 @@ def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms
   reason = ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp)
   if reason:
     raise NotImplementedError(f"jax_distgemm implementation='ffi': {reason}")
+  # The fused ReduceScatter kernels have no second epilogue source (their C is the running
+  # sum): beta * c joins after the call, one elementwise pass that XLA fuses.
+  c_after = None
+  if c is not None and not schedule.is_all_gather:
+    c, c_after = None, c
   x, w, c = _match_vma(x, w, c)
-  return primitives.bind(x, w, c, schedule=schedule, axis_name=axis_name, tp=tp, alpha=alpha,
-                         beta=beta, out_dtype=out_dtype, timeout_ms=timeout_ms)
+  out = primitives.bind(x, w, c, schedule=schedule, axis_name=axis_name, tp=tp, alpha=alpha,
+                        beta=beta, out_dtype=out_dtype, timeout_ms=timeout_ms)
+  if c_after is not None:
+    out = reference.epilogue(out.astype(jnp.float32), c_after, alpha=1.0, beta=beta,
+                             out_dtype=out_dtype)
+  return out
 
 
 def _xla(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms):

@@ -6,7 +6,7 @@ abstract mesh; the lowering context holds the concrete one).  The lowering rule 
 and axis name into the `groups` attribute.
 
 Operands, per device (row-major, leading batch dims L allowed on x; w is 2-D or batched like x):
-  x [..., xm, xk]   w [xk, wn] or [..., xk, wn]   c (f32, output shape, or 0 elements)
+  x [..., xm, xk]   w [xk, wn] or [..., xk, wn]   c (out dtype, output shape, or 0 elements)
 The output shape per schedule is `output_shape` below.
 """
 
@@ -34,11 +34,10 @@ distgemm_p = core.Primitive("jax_distgemm")
 
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
          beta: float, out_dtype, timeout_ms: int):
-  """Binds the primitive; c=None passes an empty operand."""
-  if c is None:
-    c = jnp.zeros((0,), jnp.float32)
+  """Binds the primitive; c=None passes an empty operand.  c is cast to out_dtype."""
+  c = jnp.zeros((0,), out_dtype) if c is None else c.astype(out_dtype)
   return distgemm_p.bind(
-      x, w, c.astype(jnp.float32), schedule=Schedule(schedule), axis_name=tuple(axis_name),
+      x, w, c, schedule=Schedule(schedule), axis_name=tuple(axis_name),
       tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
       timeout_ms=int(timeout_ms))
 
