@@ -1,0 +1,461 @@
+"""Bad inputs are refused before launch with a message naming the argument and the rule.
+
+One test per row of the bad-input table in docs/reliability.md (`test_docs_table_matches_tests`
+keeps the two in sync).  Python-side checks are driven through the public API inside
+jax.shard_map (jax.eval_shape: tracing is where they run).  The C++ handler's own checks
+(cc/common/problem.cc) are reached by binding the primitive directly, bypassing the Python
+checks, and must come back as an error from the call, not a crash; the process then runs the
+next call correctly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pathlib
+import re
+from unittest import mock
+
+try:
+  from tests import test_util as tu  # noqa: I001 - must precede JAX initialization
+except ImportError:
+  import test_util as tu
+
+from absl.testing import absltest  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_distgemm as jd  # noqa: E402
+from jax_distgemm import Schedule  # noqa: E402
+from jax_distgemm._src import api, config, cuda_rules, primitives, validation  # noqa: E402
+
+AG_A = Schedule.AllGather1D_TilingCD_RotatingA
+AG_B = Schedule.AllGather1D_TilingCD_RotatingB
+RS_A = Schedule.ReduceScatter1D_TilingA_RotatingC
+RS_B = Schedule.ReduceScatter1D_TilingB_RotatingC
+TP = 4
+DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
+
+
+def _sds(shape, dtype, mesh=None, spec=None):
+  sharding = None if mesh is None else NamedSharding(mesh, spec)
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def trace(body, schedule, x_shape, w_shape, dtype=jnp.float32, *, c_shape=None,
+          c_dtype=jnp.float32, batch_ndim=0, tp=TP, w_dtype=None):
+  """Traces body(x, w[, c]) inside shard_map over a 1-D mesh 'tp' (global shapes in)."""
+  mesh = tu.mesh_1d(tp)
+  xs, ws, os_ = tu.specs(schedule, batch_ndim, w_batched=len(w_shape) > 2)
+  args = [_sds(x_shape, dtype, mesh, xs), _sds(w_shape, w_dtype or dtype, mesh, ws)]
+  in_specs = [xs, ws]
+  if c_shape is not None:
+    args.append(_sds(c_shape, c_dtype, mesh, os_))
+    in_specs.append(os_)
+  f = jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=os_)
+  return jax.eval_shape(f, *args)
+
+
+def dm(schedule, **kw):
+  """body(x, w[, c]) calling the public distributed_matmul with `kw`."""
+  return lambda x, w, *c: jd.distributed_matmul(x, w, *c, axis_name=kw.pop("axis_name", "tp"),
+                                                schedule=schedule, **kw)
+
+
+class ValidationTest(absltest.TestCase):
+  """Python checks (jax_distgemm/_src/validation.py, api.py, config.py, cuda_rules.py)."""
+
+  def assertRaisesMsg(self, exc, excerpt):
+    return self.assertRaisesRegex(exc, re.escape(excerpt))
+
+  # -- shapes ------------------------------------------------------------------------------------
+
+  def test_mismatched_contraction_dim(self):
+    with self.assertRaisesMsg(ValueError, "x, w: contraction dims must match: x has K=8"):
+      trace(dm(AG_A), AG_A, (16, 8), (12, 16))
+    with self.assertRaisesMsg(ValueError, "but w has K=12"):
+      trace(dm(RS_A), RS_A, (16, 32), (48, 8))  # local K: x 8, w 12
+
+  def test_x_rank_below_two(self):
+    body = lambda x, w: jd.distributed_matmul(x[0], w, axis_name="tp", schedule=AG_A)
+    with self.assertRaisesMsg(ValueError, "x: must have rank >= 2"):
+      trace(body, AG_A, (16, 8), (8, 16))
+
+  def test_w_rank(self):
+    body = lambda x, w: jd.distributed_matmul(x, w[None, None], axis_name="tp", schedule=AG_A)
+    with self.assertRaisesMsg(ValueError, "w: must have rank 2 ([contraction, columns]) or the "
+                              "rank of x (2)"):
+      trace(body, AG_A, (16, 8), (8, 16))
+
+  def test_w_batch_dims_differ_from_x(self):
+    body = lambda x, w: jd.distributed_matmul(x, w[:2], axis_name="tp", schedule=AG_A)
+    with self.assertRaisesMsg(ValueError, "w: batch dims (2,) must equal those of x (3,)"):
+      trace(body, AG_A, (3, 16, 8), (3, 8, 16), batch_ndim=1)
+
+  def test_rs_tiling_a_rows_not_divisible_by_tp(self):
+    with self.assertRaisesMsg(ValueError, "x: rows M=6 must be divisible by the TP size 4 for "
+                              "ReduceScatter1D_TilingA_RotatingC"):
+      trace(dm(RS_A), RS_A, (6, 16), (16, 8))
+
+  def test_rs_tiling_b_columns_not_divisible_by_tp(self):
+    with self.assertRaisesMsg(ValueError, "w: columns N=6 must be divisible by the TP size 4 for "
+                              "ReduceScatter1D_TilingB_RotatingC"):
+      trace(dm(RS_B), RS_B, (8, 16), (16, 6))
+
+  def test_global_dim_not_divisible_by_mesh_axis(self):
+    # No transparent padding: shard_map itself refuses a global dim the mesh cannot split.
+    with self.assertRaisesMsg(ValueError, "not evenly divisible by the corresponding mesh axis"):
+      trace(dm(AG_A), AG_A, (18, 8), (8, 16))
+
+  def test_c_wrong_shape(self):
+    # AG RotatingA: local out [16, 16/4]; c given as global [16, 8] -> local [16, 2].
+    with self.assertRaisesMsg(ValueError, "c: must have the per-device output shape (16, 4) for "
+                              "AllGather1D_TilingCD_RotatingA with TP=4, got (16, 2)"):
+      trace(dm(AG_A, beta=1.0), AG_A, (16, 8), (8, 16), c_shape=(16, 8))
+
+  def test_c_not_floating(self):
+    with self.assertRaisesMsg(TypeError, "c: must be a floating-point array, got int32"):
+      trace(dm(AG_A, beta=1.0), AG_A, (16, 8), (8, 16), c_shape=(16, 16), c_dtype=jnp.int32)
+
+  def test_beta_without_c(self):
+    with self.assertRaisesMsg(ValueError, "c: beta != 0 needs c"):
+      trace(dm(RS_B, beta=0.5), RS_B, (8, 16), (16, 8))
+
+  # -- dtypes ------------------------------------------------------------------------------------
+
+  def test_x_w_dtypes_differ(self):
+    with self.assertRaisesMsg(TypeError, "x, w: dtypes must match, got bfloat16 and float32"):
+      trace(dm(AG_B), AG_B, (16, 8), (8, 16), jnp.bfloat16, w_dtype=jnp.float32)
+
+  def test_unsupported_dtype_int8(self):
+    with self.assertRaisesMsg(TypeError, "x: dtype int8 is not supported; use bfloat16, float16 "
+                              "or float32"):
+      trace(dm(AG_A), AG_A, (16, 8), (8, 16), jnp.int8)
+
+  def test_unsupported_dtype_float64(self):
+    with jax.enable_x64(True):
+      with self.assertRaisesMsg(TypeError, "x: dtype float64 is not supported"):
+        trace(dm(RS_A), RS_A, (16, 8), (8, 16), jnp.float64)
+
+  def test_unsupported_out_dtype(self):
+    with self.assertRaisesMsg(TypeError, "out_dtype: int32 is not supported"):
+      trace(dm(AG_A, out_dtype=jnp.int32), AG_A, (16, 8), (8, 16))
+
+  # -- axis / mesh -------------------------------------------------------------------------------
+
+  def test_unknown_axis_name(self):
+    with self.assertRaisesMsg(ValueError, "axis_name: 'model' is not bound; call this inside "
+                              "jax.shard_map"):
+      trace(dm(AG_A, axis_name="model"), AG_A, (16, 8), (8, 16))
+
+  def test_axis_name_outside_shard_map(self):
+    with self.assertRaisesMsg(ValueError, "axis_name: 'tp' is not bound"):
+      jd.all_gather_matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), axis_name="tp")
+
+  def test_axis_name_wrong_type(self):
+    with self.assertRaisesMsg(TypeError, "axis_name: expected a mesh axis name or a tuple of "
+                              "them, got 3"):
+      trace(dm(AG_A, axis_name=3), AG_A, (16, 8), (8, 16))
+
+  def test_tp_differs_from_mesh_axis_size(self):
+    # The primitive bound for TP=2 (or 3) on a 4-device axis: refused at lowering, before the
+    # handlers are built with wrong groups (TP=2) or groups that cannot be formed (TP=3).
+    mesh = tu.mesh_1d(TP)
+    xs, ws, os_ = tu.specs(AG_A, 0)
+    for tp in (2, 3):
+      body = lambda x, w, tp=tp: primitives.bind(
+          x, w, None, schedule=AG_A, axis_name=("tp",), tp=tp, alpha=1.0, beta=0.0,
+          out_dtype=jnp.float32, timeout_ms=1000)
+      f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(xs, ws), out_specs=os_))
+      with self.assertRaisesMsg(ValueError, f"tp: the call was traced for TP={tp} but mesh axis "
+                                "'tp' has 4 devices"):
+        f.lower(_sds((16, 8), jnp.float32, mesh, xs), _sds((8, 16), jnp.float32, mesh, ws))
+
+  def test_tp_group_spans_processes(self):
+    groups = primitives.device_groups(tu.mesh_1d(TP), ("tp",), TP)
+    np.testing.assert_array_equal(groups, [[d.id for d in tu.cpu_devices(TP)]])
+    validation.check_groups_local(groups, [d.id for d in tu.cpu_devices(TP)])  # all local: ok
+    with self.assertRaisesMsg(ValueError, "axis_name: the TP group [0, 1, 2, 3] spans processes "
+                              "(devices [2, 3] are not addressable by this process)"):
+      validation.check_groups_local(groups, [0, 1])
+    validation.check_groups_local(groups, [4, 5])  # a group wholly elsewhere is not ours
+
+  # -- names -------------------------------------------------------------------------------------
+
+  def test_bad_gathered(self):
+    body = lambda x, w: jd.all_gather_matmul(x, w, axis_name="tp", gathered="c")
+    with self.assertRaisesMsg(ValueError, "gathered: expected 'x' or 'w', got 'c'"):
+      trace(body, AG_A, (16, 8), (8, 16))
+
+  def test_bad_scatter(self):
+    body = lambda x, w: jd.matmul_reduce_scatter(x, w, axis_name="tp", scatter="diag")
+    with self.assertRaisesMsg(ValueError, "scatter: expected 'rows' or 'cols', got 'diag'"):
+      trace(body, RS_A, (16, 16), (16, 8))
+
+  def test_bad_implementation(self):
+    with self.assertRaisesMsg(ValueError, "implementation: expected one of ('ffi', 'xla', "
+                              "'reference') or None, got 'cuda'"):
+      trace(dm(AG_A, implementation="cuda"), AG_A, (16, 8), (8, 16))
+
+  def test_bad_implementation_env(self):
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_IMPLEMENTATION": "triton"}):
+      with self.assertRaisesMsg(ValueError, "JAX_DISTGEMM_IMPLEMENTATION must be 'ffi', 'xla' "
+                                "or 'reference', got 'triton'"):
+        trace(dm(AG_A), AG_A, (16, 8), (8, 16))
+
+  def test_bad_schedule_name(self):
+    with self.assertRaisesMsg(ValueError, "schedule: unknown name 'AllGather2D'; expected one "
+                              "of ['AllGather1D_TilingCD_RotatingA'"):
+      trace(dm("AllGather2D"), AG_A, (16, 8), (8, 16))
+
+  # -- scalars and timeouts ----------------------------------------------------------------------
+
+  def test_non_static_alpha(self):
+    mesh = tu.mesh_1d(TP)
+    xs, ws, os_ = tu.specs(AG_A, 0)
+
+    def f(x, w, s):
+      return jax.shard_map(lambda x, w: jd.all_gather_matmul(x, w, axis_name="tp", alpha=s),
+                           mesh=mesh, in_specs=(xs, ws), out_specs=os_)(x, w)
+    x, w = _sds((16, 8), jnp.float32, mesh, xs), _sds((8, 16), jnp.float32, mesh, ws)
+    with self.assertRaisesMsg(TypeError, "alpha: must be a static Python float, got "
+                              "DynamicJaxprTracer"):
+      jax.eval_shape(f, x, w, 2.0)
+
+  def test_non_static_beta(self):
+    body = lambda x, w, c: jd.distributed_matmul(x, w, c, axis_name="tp", schedule=AG_A,
+                                                 beta=c[0, 0])
+    with self.assertRaisesMsg(TypeError, "beta: must be a static Python float"):
+      trace(body, AG_A, (16, 8), (8, 16), c_shape=(16, 16))
+
+  def test_timeout_ms_not_positive(self):
+    for bad in (0, -5):
+      with self.assertRaisesMsg(ValueError, f"timeout_ms: must be a positive integer, got {bad}"):
+        trace(dm(RS_A, timeout_ms=bad), RS_A, (16, 16), (16, 8))
+
+  def test_timeout_env_not_positive(self):
+    for bad, shown in (("0", "0"), ("soon", "'soon'")):
+      with mock.patch.dict(os.environ, {"JAX_DISTGEMM_TIMEOUT_MS": bad}):
+        with self.assertRaisesMsg(ValueError, "JAX_DISTGEMM_TIMEOUT_MS must be a positive "
+                                  f"integer, got {shown}"):
+          trace(dm(AG_A), AG_A, (16, 8), (8, 16))
+
+  # -- platform / CUDA rules (pure Python, no GPU needed) -----------------------------------------
+
+  def test_ffi_on_unsupported_platform(self):
+    x, w = _sds((4, 8), jnp.float32), _sds((8, 4), jnp.float32)
+    self.assertEqual(api.ffi_unsupported_reason("tpu", x, w, jnp.float32, AG_A, TP),
+                     "no FFI executor for platform 'tpu'")
+    self.assertIsNone(api.ffi_unsupported_reason("cpu", x, w, jnp.float32, AG_A, TP))
+    # Through the public API: an explicit 'ffi' raises, None falls back to the XLA ring.
+    with mock.patch.object(api, "_current_platform", return_value="tpu"):
+      with self.assertRaisesMsg(NotImplementedError, "jax_distgemm implementation='ffi': no FFI "
+                                "executor for platform 'tpu'"):
+        trace(dm(AG_A, implementation="ffi"), AG_A, (16, 8), (8, 16))
+      mesh = tu.mesh_1d(TP)
+      xs, ws, os_ = tu.specs(AG_A, 0)
+      xg, wg, _ = tu.random_inputs(0, (16, 8), (8, 16), jnp.float32)
+      f = jax.jit(jax.shard_map(dm(AG_A), mesh=mesh, in_specs=(xs, ws), out_specs=os_))
+      out = f(jax.device_put(xg, NamedSharding(mesh, xs)),
+              jax.device_put(wg, NamedSharding(mesh, ws)))
+      self.assertNotIn("jax_distgemm_v1", f.lower(xg, wg).as_text())
+    self.assertLess(tu.rel_err(out, tu.reference_np(xg, wg)), 1e-5)
+
+  def test_ffi_cuda_not_built(self):
+    x, w = _sds((4, 8), jnp.bfloat16), _sds((8, 16), jnp.bfloat16)
+    reason = api.ffi_unsupported_reason("cuda", x, w, jnp.bfloat16, AG_A, TP)
+    if jax_distgemm_has_cuda():  # a CUDA build: this aligned bf16 case is runnable
+      self.assertIsNone(reason)
+    else:
+      self.assertStartsWith(reason, "the CUDA executor was not built (no nvcc at install time)")
+
+  def test_cuda_dtype_rules(self):
+    x, w = _sds((4, 8), jnp.float32), _sds((8, 8), jnp.float32)
+    self.assertEqual(cuda_rules.unsupported_reason(x, w, jnp.float32, AG_A, TP),
+                     "x, w: dtype float32 is not supported on CUDA (bfloat16 or float16)")
+    x, w = _sds((4, 8), jnp.bfloat16), _sds((8, 8), jnp.bfloat16)
+    self.assertEqual(cuda_rules.unsupported_reason(x, w, jnp.float16, AG_A, TP),
+                     "out_dtype: float16 with bfloat16 inputs is not built (use bfloat16 or "
+                     "float32)")
+    self.assertIsNone(cuda_rules.unsupported_reason(x, w, jnp.float32, AG_A, TP))
+
+  def test_tma_alignment(self):
+    bf16 = jnp.bfloat16
+    ok = cuda_rules.unsupported_reason(_sds((4, 64), bf16), _sds((64, 32), bf16), bf16, AG_A, TP)
+    self.assertIsNone(ok)
+    cases = [
+        # (x, w, out_dtype, schedule, expected message)
+        ((4, 12), (12, 32), bf16, AG_A,
+         "x (K): the last dimension (12 x 2 bytes) must be a multiple of 16 bytes for TMA"),
+        ((4, 64), (64, 12), bf16, AG_B,
+         "w (N): the last dimension (12 x 2 bytes) must be a multiple of 16 bytes for TMA"),
+        ((8, 64), (64, 16), bf16, RS_B,  # out columns N/TP = 4 -> 8 bytes
+         "out (columns): the last dimension (4 x 2 bytes) must be a multiple of 16 bytes for TMA"),
+        ((8, 64), (64, 16), jnp.float32, RS_B,  # out 4 x 4 bytes is fine, the w block is not
+         "w (N/TP): the column block (4) must start 16-byte aligned for TMA"),
+    ]
+    for xs, ws, od, sched, msg in cases:
+      with self.subTest(schedule=sched.name, x=xs, w=ws):
+        self.assertEqual(cuda_rules.unsupported_reason(_sds(xs, bf16), _sds(ws, bf16), od, sched,
+                                                       TP), msg)
+
+  def test_workspace_cap(self):
+    bf16 = jnp.bfloat16
+    x, w = _sds((1024, 1024), bf16), _sds((1024, 64), bf16)  # AG_A: 2*3*2 MiB = 12 MiB
+    self.assertEqual(cuda_rules.workspace_bytes(x.shape, w.shape, bf16, AG_A, 4), 12 << 20)
+    self.assertEqual(config.workspace_cap_bytes(), 8192 << 20)  # default
+    self.assertIsNone(cuda_rules.unsupported_reason(x, w, bf16, AG_A, 4))
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_MAX_WORKSPACE_MB": "12"}):
+      self.assertIsNone(cuda_rules.unsupported_reason(x, w, bf16, AG_A, 4))  # exactly at cap
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_MAX_WORKSPACE_MB": "8"}):
+      self.assertEqual(
+          cuda_rules.unsupported_reason(x, w, bf16, AG_A, 4),
+          "workspace: AllGather1D_TilingCD_RotatingA with TP=4 needs 12582912 bytes (12.0 MiB) "
+          "of workspace per device, more than the cap of 8388608 bytes (8.0 MiB); raise "
+          "JAX_DISTGEMM_MAX_WORKSPACE_MB or shrink the per-device shapes")
+    for bad, shown in (("0", "0"), ("lots", "'lots'")):
+      with mock.patch.dict(os.environ, {"JAX_DISTGEMM_MAX_WORKSPACE_MB": bad}):
+        with self.assertRaisesMsg(ValueError, "JAX_DISTGEMM_MAX_WORKSPACE_MB must be a positive "
+                                  f"integer (MiB), got {shown}"):
+          config.workspace_cap_bytes()
+
+
+class WorkspaceEstimateTest(absltest.TestCase):
+  """The estimate behind the workspace cap (not a bad input: no row in the table)."""
+
+  def test_workspace_estimate(self):
+    bf16 = jnp.bfloat16
+    # AG: 2 (double buffer) * (TP-1) slots * one shard of the rotating operand.
+    self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, AG_A, 4),
+                     2 * 3 * 2 * 8 * 64 * 2)
+    self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, AG_B, 4),
+                     2 * 3 * 64 * 32 * 2)
+    # RS: (TP-1) fp32 running sums of one output tile.
+    self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4),
+                     3 * 2 * 2 * 32 * 4)
+    self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_B, 4),
+                     3 * 2 * 8 * 8 * 4)
+    self.assertEqual(cuda_rules.workspace_bytes((8, 64), (64, 32), bf16, RS_B, 1), 0)
+
+
+def jax_distgemm_has_cuda() -> bool:
+  from jax_distgemm import ffi as ffi_modules
+  return ffi_modules.has_cuda()
+
+
+class HandlerValidationTest(absltest.TestCase):
+  """The C++ handler's own checks (MakeProblem), reached by binding the primitive directly.
+
+  Each bad call must raise a JaxRuntimeError carrying the handler's INVALID_ARGUMENT message
+  (not abort the process), and a correct call right after must still give the right answer.
+  """
+
+  def run_bound(self, schedule, x_shape, w_shape, *, dtype=jnp.float32, out_dtype=jnp.float32,
+                c_shape=None):
+    """Binds distgemm_p inside shard_map (no Python validation) and runs it on TP=4 devices."""
+    mesh = tu.mesh_1d(TP)
+    xs, ws, os_ = tu.specs(schedule, len(x_shape) - 2)
+    in_specs = (xs, ws) + ((P(),) if c_shape is not None else ())
+
+    def body(x, w, *c):
+      return primitives.bind(x, w, c[0] if c else None, schedule=schedule, axis_name=("tp",),
+                             tp=TP, alpha=1.0, beta=1.0 if c else 0.0, out_dtype=out_dtype,
+                             timeout_ms=2000)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=os_))
+    x = jax.device_put(jnp.ones(x_shape, dtype), NamedSharding(mesh, xs))
+    w = jax.device_put(jnp.ones(w_shape, dtype), NamedSharding(mesh, ws))
+    args = (x, w)
+    if c_shape is not None:
+      args += (jax.device_put(jnp.ones(c_shape, jnp.float32), NamedSharding(mesh, P())),)
+    return np.asarray(f(*args))
+
+  def assertHandlerError(self, excerpt, *args, **kwargs):
+    with self.assertRaisesRegex(jax.errors.JaxRuntimeError,
+                                "INVALID_ARGUMENT: jax_distgemm: " + re.escape(excerpt)):
+      self.run_bound(*args, **kwargs)
+    self.assertProcessUsable()
+
+  def assertProcessUsable(self):
+    out = self.run_bound(RS_B, (8, 16), (16, 8))  # x, w all ones: every entry is K = 16
+    np.testing.assert_array_equal(out, np.full((8, 8), 16.0, np.float32))
+
+  def test_handler_mismatched_contraction_dim(self):
+    self.assertHandlerError("x, w: contraction dims must match (x[..., K] with w[K, N]), got "
+                            "x [4, 8] and w [12, 4]", AG_A, (16, 8), (12, 16))
+
+  def test_handler_unsupported_dtype(self):
+    self.assertHandlerError("x, w: dtype must be bfloat16, float16 or float32", AG_B, (16, 8),
+                            (8, 16), dtype=jnp.int8)
+
+  def test_handler_unsupported_out_dtype(self):
+    self.assertHandlerError("out: dtype must be bfloat16, float16 or float32", AG_A, (16, 8),
+                            (8, 16), out_dtype=jnp.int32)
+
+  def test_handler_rs_rows_not_divisible(self):
+    self.assertHandlerError("ReduceScatter1D_TilingA_RotatingC: rows of x (M=6) must be "
+                            "divisible by TP=4", RS_A, (6, 16), (16, 8))
+
+  def test_handler_rs_columns_not_divisible(self):
+    self.assertHandlerError("ReduceScatter1D_TilingB_RotatingC: columns of w (N=6) must be "
+                            "divisible by TP=4", RS_B, (8, 16), (16, 6))
+
+  def test_handler_c_wrong_shape(self):
+    # Local out of RS_B is [8, 2]; c is passed replicated as [8, 3].
+    self.assertHandlerError("c: must have the output's shape [8, 2], got [8, 3]", RS_B, (8, 16),
+                            (16, 8), c_shape=(8, 3))
+
+
+def _doc_rows():
+  """(input, excerpt, where, module.Class.test) rows of the bad-input table."""
+  text = DOC.read_text()
+  section = text.split("## Bad inputs", 1)[1].split("\n## ", 1)[0]
+  rows = []
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) != 4 or not cells[3].startswith("`") or cells[0].startswith("Input"):
+      continue
+    excerpt = re.fullmatch(r"`(.*)`", cells[1])
+    rows.append((cells[0], excerpt.group(1) if excerpt else None, cells[2],
+                 cells[3].strip("`")))
+  return rows
+
+
+class DocsTableTest(absltest.TestCase):
+
+  def test_docs_table_matches_tests(self):
+    """Every row of the bad-input table names a test that exists and asserts its excerpt."""
+    _check_docs_table(self)
+
+
+def _check_docs_table(self):
+  rows = _doc_rows()
+  self.assertGreaterEqual(len(rows), 30, "the bad-input table in docs/reliability.md is missing")
+  seen = set()
+  for what, excerpt, where, test in rows:
+    with self.subTest(row=what):
+      self.assertIsNotNone(excerpt, f"row {what!r}: the excerpt must be in backticks")
+      self.assertRegex(where, r"^(Python|C\+\+|JAX)")
+      module_name, cls_name, method = test.split(".")
+      self.assertEqual(module_name, "validation_test")
+      fn = getattr(globals()[cls_name], method)
+      # The test asserts the excerpt (possibly split over string literals): compare the source
+      # with adjacent literals joined.
+      src = inspect.getsource(fn)
+      joined = re.sub(r'"\s*\n\s*(f?)"', "", src)
+      joined = re.sub(r'" "', "", joined)
+      self.assertIn(excerpt, joined.replace('\\"', '"'),
+                    f"{test} does not assert the documented excerpt {excerpt!r}")
+      seen.add(test)
+  # And every validation test is documented.
+  for cls in (ValidationTest, HandlerValidationTest):
+    for name in dir(cls):
+      if name.startswith("test_"):
+        self.assertIn(f"validation_test.{cls.__name__}.{name}", seen,
+                      f"{cls.__name__}.{name} has no row in docs/reliability.md")
+
+
+if __name__ == "__main__":
+  absltest.main()
