@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm._src import config, primitives, reference, validation, xla_ring
+from jax_distgemm._src import autodiff, config, primitives, reference, validation, xla_ring
 from jax_distgemm._src.schedules import Schedule
 
 IMPLEMENTATIONS = ("ffi", "xla", "reference")
@@ -102,6 +102,25 @@ def _reference(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, time
 _IMPLS: dict[str, Callable] = {"ffi": _ffi, "xla": _xla, "reference": _reference}
 
 
+def _resolve(x, w, p: autodiff.Params) -> str:
+  """The concrete implementation for one call: as requested, else auto (ffi where it runs)."""
+  name = p.implementation or config.forced_implementation()
+  if name is not None:
+    return name
+  if ffi_unsupported_reason(_current_platform(), x, w, p.out_dtype, p.schedule, p.tp) is None:
+    return "ffi"
+  return "xla"
+
+
+def _run(x, w, c, p: autodiff.Params, name: str):
+  return _IMPLS[name](x, w, c, axis_name=p.axis_name, schedule=p.schedule, alpha=p.alpha,
+                      beta=p.beta, out_dtype=p.out_dtype, tp=p.tp, timeout_ms=p.timeout_ms)
+
+
+# The differentiable per-shard op: jax.custom_vjp pairing each schedule with its dual.
+_matmul = autodiff.differentiable(_run, _resolve)
+
+
 def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
                        alpha: float = 1.0, beta: float = 0.0, out_dtype=None,
                        implementation: str | None = None, timeout_ms: int | None = None):
@@ -119,7 +138,8 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     timeout_ms: bound on every wait for a peer; default JAX_DISTGEMM_TIMEOUT_MS or 5000.
 
   Returns:
-    The local shard of the output.
+    The local shard of the output.  Differentiable (reverse mode): the backward runs the dual
+    collective matmul with the same `implementation` (see autodiff.py).
   """
   schedule = Schedule.parse(schedule)
   axis_name = validation.normalize_axis_name(axis_name)
@@ -133,17 +153,14 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   if implementation is not None and implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation: expected one of {IMPLEMENTATIONS} or None, got {implementation!r}")
-  kwargs = dict(axis_name=axis_name, schedule=schedule, alpha=float(alpha), beta=float(beta),
-                out_dtype=out_dtype, tp=tp, timeout_ms=int(timeout_ms))
+  params = autodiff.Params(schedule=schedule, axis_name=axis_name, tp=tp, alpha=float(alpha),
+                           beta=float(beta), out_dtype=out_dtype, implementation=implementation,
+                           timeout_ms=int(timeout_ms))
   if beta == 0:
     c = None
-  name = implementation or config.forced_implementation()
-  if name is not None:
-    return _IMPLS[name](x, w, c, **kwargs)
-  # Auto: the fused path where it runs, else the XLA ring.
-  if ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp) is None:
-    return _ffi(x, w, c, **kwargs)
-  return _xla(x, w, c, **kwargs)
+  # Matched before the custom_vjp, so cotangents have the operands' types (autodiff.py).
+  x, w, c = _match_vma(x, w, c)
+  return _matmul(x, w, c, params)
 
 
 def all_gather_matmul(x, w, c=None, *, axis_name, gathered: str = "x", alpha: float = 1.0,

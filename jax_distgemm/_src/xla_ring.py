@@ -22,7 +22,8 @@ def _shift(x, axis_name, tp: int, offset: int):
   return lax.ppermute(x, axis_name, perm=[(j, (j + offset) % tp) for j in range(tp)])
 
 
-def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype):
+def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype,
+                with_operand=False):
   rotating_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
   d = lax.axis_index(axis_name)
   axis = x.ndim - 2 if rotating_a else x.ndim - 1  # output axis tiled by the stages
@@ -31,6 +32,11 @@ def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype):
   out_shape[axis] *= tp
   out = jnp.zeros(out_shape, out_dtype)
   cur = x if rotating_a else w
+  # with_operand: also assemble the gathered operand from the shards the stages hold anyway.
+  op_axis = cur.ndim - 2 if rotating_a else cur.ndim - 1
+  op_shape = list(cur.shape)
+  op_shape[op_axis] *= tp
+  gathered = jnp.zeros(op_shape, cur.dtype) if with_operand else None
   for i in range(tp):
     # Shard of device (d + i) % tp: receive from the right neighbour, as the push schedule
     # delivers it (device s sends its shard to (s - i) % tp for stage i).
@@ -40,8 +46,10 @@ def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype):
     ct = None if c is None else lax.dynamic_slice_in_dim(c, tile * block, block, axis)
     y = epilogue(acc, ct, alpha=alpha, beta=beta, out_dtype=out_dtype)
     out = lax.dynamic_update_slice_in_dim(out, y, tile * block, axis)
+    if with_operand:
+      gathered = lax.dynamic_update_slice_in_dim(gathered, cur, tile * block, op_axis)
     cur = nxt
-  return out
+  return (out, gathered) if with_operand else out
 
 
 def _reduce_scatter(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype):
@@ -75,3 +83,19 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: fl
   if schedule.is_all_gather:
     return _all_gather(x, w, c, **kwargs)
   return _reduce_scatter(x, w, c, **kwargs)
+
+
+def all_gather_matmul_with_operand(x, w, c=None, *, axis_name, schedule: Schedule,
+                                   alpha: float = 1.0, beta: float = 0.0, out_dtype=None):
+  """An AllGather schedule's ring that also returns the operand it gathered.
+
+  Returns (out, AG(x)) for RotatingA and (out, AG(w)) for RotatingB (tiled like
+  jax.lax.all_gather(..., tiled=True)), assembled from the shards the stages receive anyway: no
+  extra communication.  Used by the backward of the ReduceScatter schedules (autodiff.py).
+  """
+  if not schedule.is_all_gather:
+    raise ValueError(f"schedule: {schedule.name} gathers no operand")
+  out_dtype = out_dtype or x.dtype
+  return _all_gather(x, w, c, axis_name=axis_name, tp=lax.axis_size(axis_name),
+                     schedule=schedule, alpha=alpha, beta=beta, out_dtype=out_dtype,
+                     with_operand=True)

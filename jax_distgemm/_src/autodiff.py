@@ -1,0 +1,196 @@
+"""Reverse-mode autodiff of the collective matmuls: forward and backward collectives paired here.
+
+One `jax.custom_vjp` sits on the per-shard function (inside `jax.shard_map`), so the same rule
+serves every implementation.  The backward of each schedule runs its *dual* fused op (AllGather
+forward <-> ReduceScatter backward, as TransformerEngine's CollectiveOpSet pairs them) through
+the same `implementation` the caller asked for, plus one local GEMM for the other gradient.
+
+Per device, TP = size of the TP axis, B = leading batch dims of x, g = d out (the cotangent),
+T = swap of the last two dims; every gradient below is multiplied by alpha, and dc = beta * g:
+
+  forward                   dual fused op in the backward      local GEMM            needs
+  RotatingA  AG(x) @ w      dx = RS_rows(g @ wT)   TilingA     dw = AG(x)T @ g        AG(x)
+  RotatingB  x @ AG(w)      dw = RS_cols(xT @ g)   TilingB     dx = g @ AG(w)T        AG(w)
+  TilingA    RS_rows(x@w)   dx = AG_rows(g) @ wT   RotatingA   dw = xT @ AG_rows(g)   AG(g)
+  TilingB    RS_cols(x@w)   dw = xT @ AG_cols(g)   RotatingB   dx = AG_cols(g) @ wT   AG(g)
+
+(w 2-D and x batched: dw also sums over B, so in the RotatingB/TilingB rows B is folded into
+the contraction: xT is [K, B*rows], g is [B*rows, cols].  w batched: everything is per batch.)
+
+The gathered operand of the last column is not an output of the FFI op, so the local GEMM gets
+it as follows (the choice, and its cost, per implementation):
+
+  * RotatingA / RotatingB (the forward gathered x or w): the backward re-gathers the local x
+    (resp. w) it saved, with `jax.lax.all_gather`.  This is what Megatron-LM does for
+    sequence-parallel layers (and FSDP for weights): the residual is the local shard, not the
+    TP-times larger gathered tensor, at the price of one all-gather of x (M*K elements) per
+    backward.  The all-gather does not depend on the dual fused op, so XLA is free to run it
+    concurrently with it (async collective on GPU).
+  * TilingA / TilingB (the backward gathers g): with implementation="xla" the ppermute ring of
+    the dual op already holds every shard of g in turn and returns AG(g) assembled from them
+    (`xla_ring.all_gather_matmul_with_operand`): no extra communication.  With "reference" the
+    explicit `all_gather(g)` of the reference dual op and ours are identical, and XLA's CSE
+    merges them.  With "ffi" the custom call does not return AG(g), so `jax.lax.all_gather`
+    moves g a second time (N*M elements); a second output of the fused op carrying the gathered
+    operand (the CUDA kernel has every peer's shard in its staging buffers) would remove this.
+
+Cotangents are cast to the operands' dtype before the backward GEMMs (as a bf16 training step
+does); every GEMM accumulates in fp32.  Forward mode (jax.jvp) is not defined: custom_vjp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_distgemm._src import xla_ring
+from jax_distgemm._src.reference import matmul_f32
+from jax_distgemm._src.schedules import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+  """Static arguments of one call (hashable: the custom_vjp's nondiff argument)."""
+
+  schedule: Schedule
+  axis_name: tuple[str, ...]
+  tp: int
+  alpha: float
+  beta: float
+  out_dtype: np.dtype
+  implementation: str | None  # as requested; None is resolved per call (forward and backward)
+  timeout_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveOpSet:
+  """How one forward schedule is differentiated (see the module docstring's table)."""
+
+  forward: Schedule
+  backward: Schedule  # the dual fused op
+  backward_grad: str  # "dx" or "dw": the gradient the dual fused op computes
+  gathered: str       # "x", "w" or "g": the operand the local GEMM needs gathered
+
+
+OP_SETS = {
+    Schedule.AllGather1D_TilingCD_RotatingA: CollectiveOpSet(
+        Schedule.AllGather1D_TilingCD_RotatingA, Schedule.ReduceScatter1D_TilingA_RotatingC,
+        "dx", "x"),
+    Schedule.AllGather1D_TilingCD_RotatingB: CollectiveOpSet(
+        Schedule.AllGather1D_TilingCD_RotatingB, Schedule.ReduceScatter1D_TilingB_RotatingC,
+        "dw", "w"),
+    Schedule.ReduceScatter1D_TilingA_RotatingC: CollectiveOpSet(
+        Schedule.ReduceScatter1D_TilingA_RotatingC, Schedule.AllGather1D_TilingCD_RotatingA,
+        "dx", "g"),
+    Schedule.ReduceScatter1D_TilingB_RotatingC: CollectiveOpSet(
+        Schedule.ReduceScatter1D_TilingB_RotatingC, Schedule.AllGather1D_TilingCD_RotatingB,
+        "dw", "g"),
+}
+
+
+def _t(a):
+  return jnp.swapaxes(a, -1, -2)
+
+
+def _axis(params: Params):
+  return params.axis_name if len(params.axis_name) > 1 else params.axis_name[0]
+
+
+def _all_gather(a, params: Params, dim: int):
+  return jax.lax.all_gather(a, _axis(params), axis=dim, tiled=True)
+
+
+def _fold_batch(xt, g, w_batched: bool):
+  """[B.., K, m] and [B.., m, N] -> [K, B*m] and [B*m, N] when w is 2-D (dw sums over B)."""
+  if w_batched or xt.ndim == 2:
+    return xt, g
+  k, n = xt.shape[-2], g.shape[-1]
+  xt = jnp.moveaxis(xt, -2, 0).reshape(k, -1)
+  return xt, g.reshape(-1, n)
+
+
+def _weight_grad(lhs_t, rhs, alpha: float, w_batched: bool, dtype):
+  """alpha * lhs_t @ rhs, summed over batch dims unless w is batched; fp32 accumulation."""
+  lhs_t, rhs = _fold_batch(lhs_t, rhs, w_batched)
+  acc = matmul_f32(lhs_t, rhs)
+  return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
+
+
+def _input_grad(g, w_t, alpha: float, dtype):
+  acc = matmul_f32(g, w_t)
+  return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
+
+
+def differentiable(run: Callable, resolve: Callable) -> Callable:
+  """Builds matmul(x, w, c, params) with the custom VJP above.
+
+  run(x, w, c, params, implementation) computes the forward of `params.schedule` with a concrete
+  implementation name; resolve(x, w, params) turns params.implementation (None: auto) into one.
+  Operands must already vary over the same manual axes (api._match_vma), so that cotangents
+  have the primal's type; the pcast that matched them transposes to the psum over the axes a
+  replicated operand (e.g. w over "data") did not vary over.
+  """
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+  def matmul(x, w, c, params: Params):
+    return run(x, w, c, params, resolve(x, w, params))
+
+  def fwd(x, w, c, params):
+    # Through `matmul` itself (not `run`): under an outer differentiation (grad of grad) the
+    # forward is then differentiated by this same rule, never by a JVP of the FFI primitive.
+    out = matmul(x, w, c, params)
+    c_token = None if c is None else jnp.zeros((0,), c.dtype)  # only c's dtype is needed
+    return out, (x, w, c_token)
+
+  def dual(a, b, params: Params, schedule: Schedule, out_dtype, *, with_operand: bool):
+    """The dual fused op; with_operand: also return the operand it gathers, if it is free."""
+    p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=jnp.dtype(out_dtype))
+    if with_operand and resolve(a, b, p) == "xla":
+      return xla_ring.all_gather_matmul_with_operand(
+          a, b, axis_name=p.axis_name, schedule=schedule, alpha=p.alpha, out_dtype=p.out_dtype)
+    # Through the custom_vjp itself, so that the backward is differentiable again.
+    return matmul(a, b, None, p), None
+
+  def bwd(params: Params, res, g):
+    x, w, c_token = res
+    op = OP_SETS[params.schedule]
+    alpha, w_batched = params.alpha, w.ndim > 2
+    rows = x.ndim - 2
+    dc = None if c_token is None else (params.beta * g.astype(jnp.float32)).astype(c_token.dtype)
+    g = g.astype(x.dtype)
+    s = params.schedule
+    if s == Schedule.AllGather1D_TilingCD_RotatingA:
+      # out [B, M, N/TP] = AG_rows(x) @ w.
+      dx, _ = dual(g, _t(w), params, op.backward, x.dtype, with_operand=False)
+      x_all = _all_gather(x, params, rows)                      # re-gathered (see docstring)
+      dw = _weight_grad(_t(x_all), g, alpha, w_batched, w.dtype)
+    elif s == Schedule.AllGather1D_TilingCD_RotatingB:
+      # out [B, M/TP, N] = x @ AG_cols(w).
+      xt, gf = _fold_batch(_t(x), g, w_batched)
+      dw, _ = dual(xt, gf, params, op.backward, w.dtype, with_operand=False)
+      w_all = _all_gather(w, params, w.ndim - 1)                # re-gathered (see docstring)
+      dx = _input_grad(g, _t(w_all), alpha, x.dtype)
+    elif s == Schedule.ReduceScatter1D_TilingA_RotatingC:
+      # out [B, M/TP, N] = RS_rows(x @ w).
+      dx, g_all = dual(g, _t(w), params, op.backward, x.dtype, with_operand=True)
+      if g_all is None:
+        g_all = _all_gather(g, params, rows)
+      dw = _weight_grad(_t(x), g_all, alpha, w_batched, w.dtype)
+    else:
+      # out [B, M, N/TP] = RS_cols(x @ w).
+      xt, gf = _fold_batch(_t(x), g, w_batched)
+      dw, g_all = dual(xt, gf, params, op.backward, w.dtype, with_operand=True)
+      if g_all is None:
+        # Gathers the same (folded) array as the dual op, so the reference's merges with it.
+        g_all = _all_gather(gf, params, gf.ndim - 1)
+      g_all = g_all.reshape(g.shape[:-1] + (g_all.shape[-1],))  # unfold B
+      dx = _input_grad(g_all, _t(w), alpha, x.dtype)
+    return dx, dw, dc
+
+  matmul.defvjp(fwd, bwd)
+  return matmul
