@@ -79,9 +79,11 @@ class TimeoutTest(parameterized.TestCase):
   def assertCorrect(self, f, x, w, ref):
     self.assertLess(tu.rel_err(f(x, w), ref), 1e-5)
 
-  def assertTimesOut(self, f, x, w, *, fault_ordinal, timeout_ms, missing_rank, phase):
-    """Runs f with the handler of `fault_ordinal` absent; checks the error and its latency."""
-    _distgemm_cpu.set_fault_device(fault_ordinal)
+  def assertTimesOut(self, f, x, w, *, fault_ordinal, timeout_ms, missing_rank, phase,
+                     fault_phase=-1):
+    """Runs f with the handler of `fault_ordinal` absent (from barrier `fault_phase` on, -1: the
+    whole call); checks the error and its latency."""
+    _distgemm_cpu.set_fault_device(fault_ordinal, fault_phase)
     try:
       start = time.monotonic()
       with self.assertRaises(jax.errors.JaxRuntimeError) as cm:
@@ -100,6 +102,22 @@ class TimeoutTest(parameterized.TestCase):
     return msg
 
   @parameterized.named_parameters(
+      # (schedule, faulty ordinal, barrier it stops before, the phase its peers report)
+      ("ag_closing", Schedule.AllGather1D_TilingCD_RotatingA, 1, 1, "the closing barrier"),
+      ("rs_stage_0", Schedule.ReduceScatter1D_TilingA_RotatingC, 2, 1, "stage 0"),
+      ("rs_stage_2", Schedule.ReduceScatter1D_TilingB_RotatingC, 0, 3, "stage 2"),
+      ("rs_closing", Schedule.ReduceScatter1D_TilingA_RotatingC, 3, 4, "the closing barrier"),
+  )
+  def test_peer_lost_mid_schedule_times_out(self, schedule, fault, fault_phase, phase):
+    """A peer that stops between stages: the others name that barrier and the missing rank."""
+    mesh = tu.mesh_1d(4)
+    f, x, w, ref = _build(schedule, mesh, "tp", timeout_ms=TIMEOUT_MS)
+    self.assertCorrect(f, x, w, ref)
+    self.assertTimesOut(f, x, w, fault_ordinal=fault, timeout_ms=TIMEOUT_MS, missing_rank=fault,
+                        phase=phase, fault_phase=fault_phase)
+    self.assertCorrect(f, x, w, ref)  # the next call is clean
+
+  @parameterized.named_parameters(
       ("all_gather_rotating_a", Schedule.AllGather1D_TilingCD_RotatingA, 2),
       ("all_gather_rotating_b", Schedule.AllGather1D_TilingCD_RotatingB, 0),
       ("reduce_scatter_tiling_a", Schedule.ReduceScatter1D_TilingA_RotatingC, 3),
@@ -112,7 +130,7 @@ class TimeoutTest(parameterized.TestCase):
     for _ in range(2):  # twice: a poisoned session must not leak into the next call
       msg = self.assertTimesOut(f, x, w, fault_ordinal=fault, timeout_ms=TIMEOUT_MS,
                                 missing_rank=fault, phase="pointer exchange")
-      self.assertRegex(msg, r"\(rank \d of 4\)")
+      self.assertRegex(msg, r"rank \d of 4 timed out")
     # Usable: the same executable, and a freshly compiled one, give the right answer.
     self.assertCorrect(f, x, w, ref)
     g, x2, w2, ref2 = _build(schedule, mesh, "tp", timeout_ms=TIMEOUT_MS, seed=1)

@@ -21,6 +21,8 @@ NB_MODULE(_distgemm_cpu, m) {
     jax_distgemm::SetDeviceIds(jax_distgemm::kPlatformCpu, ordinals, ids);
   });
   m.def("schedule_table", &jax_distgemm::ScheduleTableList);
-  m.def("set_fault_device", &jax_distgemm::SetCpuFaultDevice,
-        "Test hook: the handler on this device ordinal skips its peers (-1 disables).");
+  m.def("set_fault_device", &jax_distgemm::SetCpuFaultDevice, nb::arg("ordinal"),
+        nb::arg("phase") = -1,
+        "Test hook: the handler on this device ordinal stops before barrier `phase` (-1: skips "
+        "its peers entirely); ordinal -1 disables.");
 }

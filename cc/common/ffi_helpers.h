@@ -48,6 +48,7 @@ inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w
                                 const ffi::AnyBuffer& c, const ffi::AnyBuffer& out,
                                 const CallAttrs& a, Problem* problem) {
   if (a.tp < 1 || a.tp > 1024) return InvalidArgument("tp: must be in [1, 1024]");
+  if (a.timeout_ms <= 0) return InvalidArgument("timeout_ms: must be positive");
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto od = out.dimensions();

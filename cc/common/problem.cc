@@ -75,11 +75,11 @@ std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, in
                         const int64_t* c_dims, int c_rank, float alpha, float beta,
                         Problem* p) {
   std::ostringstream err;
-  const char* name = ScheduleName(schedule);
   if (static_cast<int32_t>(schedule) < 0 || static_cast<int32_t>(schedule) >= kNumSchedules) {
     err << "schedule: unknown value " << static_cast<int32_t>(schedule);
     return err.str();
   }
+  const char* name = ScheduleName(schedule);
   if (tp < 1) return "tp: must be >= 1";
   if (x_rank < 2) return "x: must have rank >= 2 ([..., rows, contraction]), got " +
                          Dims(x_dims, x_rank);

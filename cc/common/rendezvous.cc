@@ -9,7 +9,13 @@
 
 namespace jax_distgemm {
 
-Session::Session(int size) : size_(size), values_(size), reached_(size, -1) {}
+Session::Session(int size) : size_(size), values_(size), owned_(size), reached_(size, -1) {}
+
+void* Session::Allocate(int rank, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  owned_[rank].emplace_back(new char[bytes > 0 ? bytes : 1]);
+  return owned_[rank].back().get();
+}
 
 void Session::Publish(int rank, std::vector<void*> values) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -28,8 +34,8 @@ std::string Session::Barrier(int rank, int phase, const std::string& what,
   if (ok && poisoned_.empty()) return "";
   if (!poisoned_.empty()) return poisoned_;
   std::ostringstream msg;
-  msg << "timed out after " << timeout.count() << " ms waiting for peers at " << what
-      << " (rank " << rank << " of " << size_ << "); missing ranks:";
+  msg << "rank " << rank << " of " << size_ << " timed out after " << timeout.count()
+      << " ms waiting for peers at " << what << "; missing ranks:";
   for (int r = 0; r < size_; ++r) {
     if (reached_[r] < phase) msg << " " << r;
   }

@@ -25,6 +25,10 @@ class Session {
   void Publish(int rank, std::vector<void*> values);
   const std::vector<void*>& Values(int rank) const { return values_[rank]; }
 
+  // Scratch owned by the session, for anything peers read: it outlives every participant,
+  // so a peer still reading after this rank gave up on a timed-out barrier reads valid memory.
+  void* Allocate(int rank, size_t bytes);
+
   // Blocks until all ranks reached `phase` (phases are passed in increasing order).  Returns
   // "" or an error naming `what`, the phase and the ranks that did not arrive.
   std::string Barrier(int rank, int phase, const std::string& what,
@@ -37,6 +41,7 @@ class Session {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::vector<void*>> values_;
+  std::vector<std::vector<std::unique_ptr<char[]>>> owned_;
   std::vector<int> reached_;  // highest phase each rank reached, -1 before the first
   std::string poisoned_;      // non-empty once a participant timed out
 };

@@ -11,6 +11,9 @@
 #include "cc/cpu/distgemm_cpu.h"
 
 #include <atomic>
+#include <cstring>
+#include <exception>
+#include <new>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -28,6 +31,12 @@ namespace jax_distgemm {
 namespace {
 
 std::atomic<int> g_fault_device{-1};
+std::atomic<int> g_fault_phase{-1};
+
+// Test hook: on the faulty device, stop before barrier `phase` (-1: skip the whole call).
+bool Faulty(int ordinal, int phase) {
+  return ordinal == g_fault_device.load() && phase == g_fault_phase.load();
+}
 
 // Argument block for one stage's GEMM, before the per-stage pointers are filled in.
 CpuGemmArgs StageGemm(const Problem& p) {
@@ -42,10 +51,17 @@ CpuGemmArgs StageGemm(const Problem& p) {
 }
 
 template <class Sched>
-std::string RunAllGather(const Problem& p, int rank, Session& s, const void* x, const void* w,
-                         const void* c, void* out, std::chrono::milliseconds timeout) {
+std::string RunAllGather(const Problem& p, int rank, int ordinal, Session& s, const void* x,
+                         const void* w, const void* c, void* out,
+                         std::chrono::milliseconds timeout) {
   constexpr bool kRotatingA = Sched::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-  s.Publish(rank, {const_cast<void*>(x), const_cast<void*>(w)});
+  // Peers read a session-owned copy of the rotating shard, never XLA's buffer: after a
+  // timed-out barrier this handler returns and XLA may free its inputs.
+  const size_t bytes = (kRotatingA ? p.XElems() : p.WElems()) * ElemSize(p.in_type);
+  void* shard = s.Allocate(rank, bytes);
+  std::memcpy(shard, kRotatingA ? x : w, bytes);
+  s.Publish(rank, {shard});
+  if (Faulty(ordinal, 0)) return "";
   if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
   for (int i = 0; i < p.tp; ++i) {
     const int src = Sched::Source(rank, i, p.tp);
@@ -53,7 +69,7 @@ std::string RunAllGather(const Problem& p, int rank, Session& s, const void* x, 
     CpuGemmArgs g = StageGemm(p);
     g.a = kRotatingA ? s.Values(src)[0] : x;
     g.a_view = p.AView(tile);
-    g.b = kRotatingA ? w : s.Values(src)[1];
+    g.b = kRotatingA ? w : s.Values(src)[0];
     g.b_view = p.BView(tile);
     g.d_type = p.out_type;
     g.d = out;
@@ -66,16 +82,20 @@ std::string RunAllGather(const Problem& p, int rank, Session& s, const void* x, 
     }
     GemmCpu(g);
   }
+  if (Faulty(ordinal, 1)) return "";
   return s.Barrier(rank, 1, "the closing barrier (peers still reading this shard)", timeout);
 }
 
 template <class Sched>
-std::string RunReduceScatter(const Problem& p, int rank, Session& s, const void* x,
+std::string RunReduceScatter(const Problem& p, int rank, int ordinal, Session& s, const void* x,
                              const void* w, const void* c, void* out,
                              std::chrono::milliseconds timeout) {
-  // Running sums of stages 0..TP-2, read by the right neighbour one stage later.
-  std::vector<float> partials(static_cast<size_t>((p.tp - 1) * p.PartialElems()));
-  s.Publish(rank, {partials.data()});
+  // Running sums of stages 0..TP-2, read by the right neighbour one stage later (owned by
+  // the session, which outlives every reader).
+  float* partials = static_cast<float*>(
+      s.Allocate(rank, static_cast<size_t>((p.tp - 1) * p.PartialElems()) * sizeof(float)));
+  s.Publish(rank, {partials});
+  if (Faulty(ordinal, 0)) return "";
   if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
   const MatrixView pv = p.PartialView();
   for (int i = 0; i < p.tp; ++i) {
@@ -103,17 +123,19 @@ std::string RunReduceScatter(const Problem& p, int rank, Session& s, const void*
       }
     } else {
       g.d_type = ElemType::kF32;
-      g.d = partials.data() + i * p.PartialElems();
+      g.d = partials + i * p.PartialElems();
       g.d_view = pv;
     }
     GemmCpu(g);
     if (!last) {
+      if (Faulty(ordinal, i + 1)) return "";
       std::ostringstream what;
       what << "stage " << i << " (right neighbour rank " << Sched::PushTarget(rank, i, p.tp)
            << " waits for this running sum)";
       if (auto e = s.Barrier(rank, i + 1, what.str(), timeout); !e.empty()) return e;
     }
   }
+  if (Faulty(ordinal, p.tp)) return "";
   return s.Barrier(rank, p.tp, "the closing barrier (peers still reading running sums)",
                    timeout);
 }
@@ -135,24 +157,32 @@ ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBu
                            " is not in the TP groups of this call");
   }
   const void* cptr = p.has_c ? c.untyped_data() : nullptr;
-  if (device_ordinal == g_fault_device.load()) return ffi::Error::Success();  // test hook
+  if (Faulty(device_ordinal, -1)) return ffi::Error::Success();  // test hook
 
   std::ostringstream key;
   key << run_id.run_id << "/" << call_id << "/"
       << NextOccurrence(device_id, run_id.run_id, call_id) << "/" << group;
   std::shared_ptr<Session> session = JoinSession(key.str(), static_cast<int>(tp));
   const auto timeout = std::chrono::milliseconds(timeout_ms);
-  std::string err = VisitSchedule(p.schedule, [&](auto sched) {
-    using S = decltype(sched);
-    if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
-                  S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
-      return RunAllGather<S>(p, rank, *session, x.untyped_data(), w.untyped_data(), cptr,
-                             out->untyped_data(), timeout);
-    } else {
-      return RunReduceScatter<S>(p, rank, *session, x.untyped_data(), w.untyped_data(), cptr,
-                                 out->untyped_data(), timeout);
-    }
-  });
+  std::string err;
+  try {
+    err = VisitSchedule(p.schedule, [&](auto sched) {
+      using S = decltype(sched);
+      if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
+                    S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
+        return RunAllGather<S>(p, rank, device_ordinal, *session, x.untyped_data(),
+                               w.untyped_data(), cptr, out->untyped_data(), timeout);
+      } else {
+        return RunReduceScatter<S>(p, rank, device_ordinal, *session, x.untyped_data(),
+                                   w.untyped_data(), cptr, out->untyped_data(), timeout);
+      }
+    });
+  } catch (const std::bad_alloc&) {
+    return Internal("CPU executor, device " + std::to_string(device_id) +
+                    ": out of host memory for the shards peers read");
+  } catch (const std::exception& e) {
+    return Internal("CPU executor, device " + std::to_string(device_id) + ": " + e.what());
+  }
   if (!err.empty()) {
     return DeadlineExceeded("CPU executor, device " + std::to_string(device_id) + ": " + err);
   }
@@ -161,7 +191,10 @@ ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBu
 
 }  // namespace
 
-void SetCpuFaultDevice(int ordinal) { g_fault_device.store(ordinal); }
+void SetCpuFaultDevice(int ordinal, int phase) {
+  g_fault_phase.store(phase);
+  g_fault_device.store(ordinal);
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
                               ffi::Ffi::Bind()

@@ -8,8 +8,9 @@ namespace jax_distgemm {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCpu);
 
-// Fault injection for tests: the handler on this device ordinal returns at once, without
-// meeting its peers (a peer that never arrives).  -1 disables.
-void SetCpuFaultDevice(int ordinal);
+// Fault injection for tests: the handler on this device ordinal stops just before barrier
+// `phase` (-1: returns at once, never meeting its peers), like a peer that never arrives.
+// ordinal -1 disables.
+void SetCpuFaultDevice(int ordinal, int phase);
 
 }  // namespace jax_distgemm
