@@ -34,7 +34,31 @@ MODULE_HDRS = [
 ]
 
 # CUDA executor (built when nvcc is found; sm_90a).
-CUDA_HOST_SRCS = []
-CUDA_KERNEL_SRCS = []
-CUDA_HDRS = []
-CUDA_MODULE_SRCS = []
+CUDA_HOST_SRCS = [
+    "cuda/autotune.cc",
+    "cuda/distgemm_cuda.cc",
+    "cuda/executor.cc",
+    "cuda/gemm_registry.cc",
+    "cuda/peer_state.cc",
+]
+CUDA_KERNEL_SRCS = [
+    "cuda/sm90_gemm_bf16_bf16_coop128x256.cu",
+    "cuda/sm90_gemm_bf16_bf16_coop256x128.cu",
+    "cuda/sm90_gemm_bf16_bf16_pingpong128x128_c1x2.cu",
+    "cuda/sm90_gemm_bf16_bf16_pingpong128x128_c2x1.cu",
+    "cuda/sm90_gemm_bf16_f32_coop128x256.cu",
+    "cuda/sm90_gemm_f16_f16_coop128x256.cu",
+    "cuda/sm90_gemm_f16_f32_coop128x256.cu",
+]
+CUDA_HDRS = [
+    "cuda/autotune.h",
+    "cuda/distgemm_cuda.h",
+    "cuda/executor.h",
+    "cuda/gemm_kernels.h",
+    "cuda/peer_state.h",
+    "cuda/sm90_gemm.cuh",
+    "cuda/stage_sync.h",
+]
+CUDA_MODULE_SRCS = [
+    "bindings/cuda_module.cc",
+]

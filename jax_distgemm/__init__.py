@@ -10,4 +10,8 @@ from jax_distgemm._src.api import IMPLEMENTATIONS as IMPLEMENTATIONS
 from jax_distgemm._src.api import matmul_reduce_scatter as matmul_reduce_scatter
 from jax_distgemm._src.schedules import Schedule as Schedule
 
+from jax_distgemm._src.runtime import describe_tuning as describe_tuning
+from jax_distgemm._src.runtime import pending_error as pending_error
+from jax_distgemm._src.runtime import reset as reset
+
 __version__ = "0.1.0"

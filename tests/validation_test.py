@@ -333,11 +333,15 @@ class WorkspaceEstimateTest(absltest.TestCase):
                      2 * 3 * 2 * 8 * 64 * 2)
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, AG_B, 4),
                      2 * 3 * 64 * 32 * 2)
-    # RS: (TP-1) fp32 running sums of one output tile.
+    # RS: 2 * (TP-1) running sums of one output tile, in the output dtype, 256-byte slots.
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4),
-                     3 * 2 * 2 * 32 * 4)
+                     2 * 3 * 256)  # 2*2*32 bf16 = 256 bytes
+    self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4,
+                                                jnp.float32), 2 * 3 * 512)
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_B, 4),
-                     3 * 2 * 8 * 8 * 4)
+                     2 * 3 * 256)  # 2*8*8 bf16 = 256 bytes
+    self.assertEqual(cuda_rules.workspace_bytes((2, 8, 100), (100, 36), bf16, RS_B, 4),
+                     2 * 3 * 512)  # 2*8*9 bf16 = 288 bytes -> one 512-byte slot
     self.assertEqual(cuda_rules.workspace_bytes((8, 64), (64, 32), bf16, RS_B, 1), 0)
 
 

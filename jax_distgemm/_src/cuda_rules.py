@@ -14,29 +14,33 @@ CUDA_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jn
 _TMA_ALIGN_BYTES = 16
 
 
-def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int) -> int:
-  """Estimated CUDA workspace of one call, in bytes (per device), for the workspace cap.
+_SLOT_ALIGN = 256  # cc/cuda/executor.cc kSlotAlign
 
-  AllGather: TP-1 stage slots, each holding one shard of the rotating operand (x for RotatingA,
-  w for RotatingB), double-buffered: 2 * (TP-1) * shard bytes.
-  ReduceScatter: TP-1 fp32 running sums of one output tile: (TP-1) * batch * tile * 4 bytes.
-  Shapes are the per-device (local) operand shapes; dtype is the input dtype.
+
+def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
+                    out_dtype=None) -> int:
+  """CUDA symmetric workspace of one call, in bytes per device (cc/cuda/executor.cc).
+
+  2 parities (double buffering) x (TP-1) slots, each 256-byte aligned and holding:
+  AllGather: one shard of the rotating operand (x for RotatingA, w for RotatingB), input dtype;
+  ReduceScatter: one running sum of the output tile, in the output dtype (default: input).
+  Shapes are the per-device (local) operand shapes.
   """
   schedule = Schedule(schedule)
   if tp <= 1:
     return 0
   x_shape, w_shape = tuple(x_shape), tuple(w_shape)
-  itemsize = jnp.dtype(dtype).itemsize
   if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-    return 2 * (tp - 1) * math.prod(x_shape) * itemsize
-  if schedule == Schedule.AllGather1D_TilingCD_RotatingB:
-    return 2 * (tp - 1) * math.prod(w_shape) * itemsize
-  batch, xm, wn = math.prod(x_shape[:-2]), x_shape[-2], w_shape[-1]
-  if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
-    tile = (xm // tp) * wn
+    slot = math.prod(x_shape) * jnp.dtype(dtype).itemsize
+  elif schedule == Schedule.AllGather1D_TilingCD_RotatingB:
+    slot = math.prod(w_shape) * jnp.dtype(dtype).itemsize
   else:
-    tile = xm * (wn // tp)
-  return (tp - 1) * batch * tile * 4
+    batch, xm, wn = math.prod(x_shape[:-2]), x_shape[-2], w_shape[-1]
+    tile = (xm // tp) * wn if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC else (
+        xm * (wn // tp))
+    slot = batch * tile * jnp.dtype(out_dtype or dtype).itemsize
+  slot = -(-slot // _SLOT_ALIGN) * _SLOT_ALIGN
+  return 2 * (tp - 1) * slot
 
 
 def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:
@@ -62,7 +66,7 @@ def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | No
     # Each stage reads a column block of w starting at a multiple of N/TP.
     return (f"w (N/TP): the column block ({w.shape[-1] // tp}) must start 16-byte aligned "
             "for TMA")
-  need = workspace_bytes(x.shape, w.shape, xd, schedule, tp)
+  need = workspace_bytes(x.shape, w.shape, xd, schedule, tp, od)
   cap = config.workspace_cap_bytes()
   if need > cap:
     return (f"workspace: {schedule.name} with TP={tp} needs {need} bytes "

@@ -1,0 +1,48 @@
+// Python module for the CUDA executor: the FFI registrations plus the host hooks the package
+// needs (device-id table, recovery, tuning report, test hooks).
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "cc/bindings/module_common.h"
+#include "cc/cuda/autotune.h"
+#include "cc/cuda/distgemm_cuda.h"
+#include "nanobind/nanobind.h"
+#include "nanobind/stl/string.h"
+#include "nanobind/stl/tuple.h"
+#include "nanobind/stl/vector.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_distgemm_cuda, m) {
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jax_distgemm_v1"] = jax_distgemm::EncapsulateFfiHandler(jax_distgemm::cuda::DistGemmCuda);
+    return d;
+  });
+  m.def("set_device_ids", [](std::vector<int32_t> ordinals, std::vector<int64_t> ids) {
+    jax_distgemm::SetDeviceIds(jax_distgemm::kPlatformCuda, ordinals, ids);
+  });
+  m.def("schedule_table", &jax_distgemm::ScheduleTableList);
+  m.def("reset", &jax_distgemm::cuda::ResetAll,
+        "Drain all devices, zero flags and epochs, clear sticky errors. Returns '' or an error.");
+  m.def("pending_error", &jax_distgemm::cuda::PendingErrors);
+  m.def("describe_tuning", &jax_distgemm::cuda::DescribeTuning);
+  m.def("set_fault_device", &jax_distgemm::cuda::SetCudaFaultDevice,
+        "Test hook: this device ordinal never signals its peers (-1 disables).");
+  m.def("mem_get_info", [](int ordinal) {
+    // (free, total) bytes of a device, counting memory outside XLA's pool (our workspace).
+    size_t free_b = 0, total_b = 0;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(ordinal);
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaSetDevice(prev);
+    return std::make_tuple(free_b, total_b);
+  });
+  m.def("set_sync_check", &jax_distgemm::cuda::SetSyncCheck,
+        "Synchronize after every call so that a timed-out wait fails that same call.");
+}

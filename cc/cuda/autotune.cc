@@ -1,0 +1,134 @@
+#include "cc/cuda/autotune.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+namespace jax_distgemm::cuda {
+namespace {
+
+using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool>;
+struct Choice {
+  GemmConfig config;
+  int swizzle;
+  float ms;
+};
+
+std::mutex& Mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<Key, Choice>& Cache() {
+  static auto* c = new std::map<Key, Choice>();
+  return *c;
+}
+
+bool AutotuneEnabled() {
+  const char* v = std::getenv("JAX_DISTGEMM_AUTOTUNE");
+  return v == nullptr || std::string(v) != "0";
+}
+
+int ForcedConfig() {
+  const char* v = std::getenv("JAX_DISTGEMM_GEMM_CONFIG");
+  if (v == nullptr || *v == '\0') return -1;
+  return std::atoi(v);
+}
+
+Key MakeKey(const GemmLaunch& g) {
+  return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
+             g.ops.c != nullptr, g.ops.m, g.ops.n, g.ops.k, g.ops.batch,
+             g.ops.batch_stride_b == 0};
+}
+
+// Median-free "best of" timing of one variant; returns < 0 on failure.
+float TimeVariant(GemmLaunch g, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
+  g.sync = StageSync{};  // trial runs never wait or signal
+  g.pdl = false;
+  if (!LaunchGemm(g, stream).empty()) return -1.f;  // warm-up (also rejects unsupported)
+  float best = -1.f;
+  for (int rep = 0; rep < 3; ++rep) {
+    cudaEventRecord(start, stream);
+    if (!LaunchGemm(g, stream).empty()) return -1.f;
+    cudaEventRecord(stop, stream);
+    if (cudaEventSynchronize(stop) != cudaSuccess) return -1.f;
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, start, stop);
+    best = best < 0.f ? ms : std::min(best, ms);
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
+  GemmConfig configs[kNumGemmConfigs];
+  const int n = AvailableConfigs(g.ab_type, g.d_type, configs, kNumGemmConfigs);
+  if (n == 0) {
+    return std::string("no stage GEMM compiled for ") + ElemName(g.ab_type) + " -> " +
+           ElemName(g.d_type);
+  }
+  const int forced = ForcedConfig();
+  if (forced >= 0) {
+    g.config = static_cast<GemmConfig>(forced);
+    g.max_swizzle = 1;
+    return "";
+  }
+  if (!AutotuneEnabled() || n == 1) {
+    g.config = configs[0];
+    g.max_swizzle = 1;
+    return "";
+  }
+  const Key key = MakeKey(g);
+  {
+    std::lock_guard<std::mutex> lock(Mu());
+    auto it = Cache().find(key);
+    if (it != Cache().end()) {
+      g.config = it->second.config;
+      g.max_swizzle = it->second.swizzle;
+      return "";
+    }
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  Choice best{configs[0], 1, -1.f};
+  for (int i = 0; i < n; ++i) {
+    for (int swizzle : {1, 2, 4, 8}) {
+      GemmLaunch trial = g;
+      trial.config = configs[i];
+      trial.max_swizzle = swizzle;
+      const float ms = TimeVariant(trial, stream, start, stop);
+      if (ms > 0.f && (best.ms < 0.f || ms < best.ms)) best = Choice{configs[i], swizzle, ms};
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGetLastError();
+  if (best.ms < 0.f) return "every stage GEMM configuration failed to launch for this shape";
+  {
+    std::lock_guard<std::mutex> lock(Mu());
+    Cache()[key] = best;
+  }
+  g.config = best.config;
+  g.max_swizzle = best.swizzle;
+  return "";
+}
+
+std::string DescribeTuning() {
+  std::lock_guard<std::mutex> lock(Mu());
+  std::ostringstream s;
+  for (const auto& [k, c] : Cache()) {
+    s << "device " << std::get<0>(k) << " " << ElemName(static_cast<ElemType>(std::get<1>(k)))
+      << "->" << ElemName(static_cast<ElemType>(std::get<2>(k)))
+      << (std::get<3>(k) ? " +C" : "") << " m=" << std::get<4>(k) << " n=" << std::get<5>(k)
+      << " k=" << std::get<6>(k) << " l=" << std::get<7>(k) << ": " << GemmConfigName(c.config)
+      << " swizzle " << c.swizzle << " (" << c.ms << " ms)\n";
+  }
+  return s.str();
+}
+
+}  // namespace jax_distgemm::cuda

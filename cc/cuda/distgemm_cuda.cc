@@ -1,0 +1,146 @@
+// FFI binding of the CUDA executor: decode, validate, make the peer group ready, enqueue.
+#include "cc/cuda/distgemm_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cc/common/device_ids.h"
+#include "cc/common/ffi_helpers.h"
+#include "cc/cuda/executor.h"
+#include "cc/cuda/peer_state.h"
+
+namespace jax_distgemm::cuda {
+namespace {
+
+std::atomic<int> g_fault_device{-1};
+std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
+
+bool EnvFlag(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::string(e) == "1";
+}
+
+bool SyncCheck() {
+  int v = g_sync_check.load();
+  if (v < 0) {
+    const char* e = std::getenv("JAX_DISTGEMM_SYNC_CHECK");
+    v = (e != nullptr && std::string(e) == "1") ? 1 : 0;
+    g_sync_check.store(v);
+  }
+  return v == 1;
+}
+
+ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
+                            ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
+                            ffi::Span<const int64_t> groups, float alpha, float beta,
+                            int64_t call_id, int64_t timeout_ms) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
+  Problem p;
+  if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
+  if (p.in_type == ElemType::kF32) {
+    return InvalidArgument("x, w: float32 inputs are not supported by the CUDA executor "
+                           "(bfloat16 or float16; implementation='xla' runs float32)");
+  }
+  if (p.has_c && !IsAllGather(p.schedule)) {
+    return InvalidArgument("c: the CUDA ReduceScatter executor takes no c (the Python wrapper "
+                           "adds beta * c after the call)");
+  }
+  if (tp > kMaxTp) return InvalidArgument("tp: at most 64 on CUDA");
+
+  // Rank and group: the attribute holds global device ids; map them to local ordinals.
+  const int64_t my_id = GlobalDeviceId(kPlatformCuda, device_ordinal);
+  int group_index = -1;
+  const int rank = FindRank(groups.begin(), static_cast<int64_t>(groups.size()),
+                            static_cast<int>(tp), my_id, &group_index);
+  if (rank < 0) {
+    return InvalidArgument("device " + std::to_string(my_id) +
+                           " is not in the TP groups of this call");
+  }
+  std::vector<int> ordinals(tp);
+  for (int r = 0; r < tp; ++r) {
+    const int64_t id = groups[group_index * tp + r];
+    int found = -1;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    for (int o = 0; o < count; ++o) {
+      if (GlobalDeviceId(kPlatformCuda, o) == id) found = o;
+    }
+    if (found < 0) {
+      return InvalidArgument("device " + std::to_string(id) +
+                             " of the TP group is not driven by this process; one process per "
+                             "GPU needs the multi-process setup (or implementation='xla')");
+    }
+    ordinals[r] = found;
+  }
+  PeerGroup* group = GetPeerGroup(ordinals);
+  if (std::string err = group->PendingError(); !err.empty()) return Internal(err);
+
+  if (cudaSetDevice(device_ordinal) != cudaSuccess) {
+    return Internal("cudaSetDevice failed: " + std::string(cudaGetErrorString(cudaGetLastError())));
+  }
+  if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p), stream, run_id.run_id,
+                                           timeout_ms);
+      !err.empty()) {
+    return Internal("device " + std::to_string(device_ordinal) + ": " + err);
+  }
+  CallBuffers buffers{x.untyped_data(), w.untyped_data(),
+                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data()};
+  CallOptions options;
+  options.timeout_ms = timeout_ms;
+  options.skip_signals = device_ordinal == g_fault_device.load();
+  static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
+  options.poison_output = poison;
+  if (std::string err = EnqueueDistGemm(p, rank, *group, buffers, options, stream); !err.empty()) {
+    return Internal("device " + std::to_string(device_ordinal) + ": " + err);
+  }
+  if (SyncCheck()) {
+    cudaError_t e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess) return Internal(std::string("CUDA error: ") + cudaGetErrorString(e));
+    if (std::string err = group->PendingError(); !err.empty()) return Internal(err);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+void SetCudaFaultDevice(int ordinal) { g_fault_device.store(ordinal); }
+void SetSyncCheck(bool on) { g_sync_check.store(on ? 1 : 0); }
+
+std::string ResetAll() {
+  for (PeerGroup* g : AllPeerGroups()) {
+    if (std::string err = g->Reset(); !err.empty()) return err;
+  }
+  return "";
+}
+
+std::string PendingErrors() {
+  for (PeerGroup* g : AllPeerGroups()) {
+    if (std::string err = g->PendingError(); !err.empty()) return err;
+  }
+  return "";
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    DistGemmCuda, DistGemmCudaImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's compute stream
+        .Ctx<ffi::RunId>()                         // rendezvous key for workspace setup
+        .Ctx<ffi::DeviceOrdinal>()                 // this device
+        .Arg<ffi::AnyBuffer>()                     // x
+        .Arg<ffi::AnyBuffer>()                     // w
+        .Arg<ffi::AnyBuffer>()                     // c (output dtype; 0 elements if absent)
+        .Ret<ffi::AnyBuffer>()                     // out
+        .Attr<int32_t>("schedule")                 // ScheduleKind
+        .Attr<int64_t>("tp")                       // TP group size
+        .Attr<ffi::Span<const int64_t>>("groups")  // global device ids, [G, tp]
+        .Attr<float>("alpha")                      // out = alpha * x @ w ...
+        .Attr<float>("beta")                       // ... + beta * c
+        .Attr<int64_t>("call_id")                  // call site (unused on CUDA)
+        .Attr<int64_t>("timeout_ms"));             // bound on every flag wait
+
+}  // namespace jax_distgemm::cuda

@@ -1,0 +1,18 @@
+// XLA FFI handler for platform "CUDA": the distributed GEMM on Hopper GPUs of one process.
+#pragma once
+
+#include <string>
+
+#include "xla/ffi/api/api.h"
+
+namespace jax_distgemm::cuda {
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCuda);
+
+// Test hooks and recovery (exposed by the nanobind module).
+void SetCudaFaultDevice(int ordinal);  // that device never signals peers; -1 disables
+void SetSyncCheck(bool on);            // synchronize after each call to report errors at once
+std::string ResetAll();                // drain, zero flags and epochs, clear sticky errors
+std::string PendingErrors();           // "" or the sticky error of any group
+
+}  // namespace jax_distgemm::cuda

@@ -1,0 +1,38 @@
+// The CUDA executor: turns one device's view of a distributed GEMM (Problem, rank) into the
+// stage kernels, copy-engine pushes and flag traffic of its schedule.  No FFI types here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cc/common/problem.h"
+#include "cc/cuda/peer_state.h"
+
+namespace jax_distgemm::cuda {
+
+struct CallBuffers {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* c = nullptr;  // output dtype, output shape; AllGather only
+  void* out = nullptr;
+};
+
+struct CallOptions {
+  int64_t timeout_ms = 5000;
+  bool skip_signals = false;  // fault injection (tests): never deliver to peers
+  bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
+};
+
+// Symmetric workspace bytes one device needs for `p` (double-buffered slots).
+size_t WorkspaceBytes(const Problem& p);
+
+// Enqueues the whole call on `stream` (and this device's copy stream).  The group must be
+// ready (PeerGroup::EnsureReady) for WorkspaceBytes(p).  Returns "" or an error.
+std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
+                            const CallBuffers& buffers, const CallOptions& options,
+                            cudaStream_t stream);
+
+}  // namespace jax_distgemm::cuda

@@ -1,0 +1,83 @@
+// Host interface of the CUTLASS SM90 stage GEMMs (no CUTLASS or device code here).
+//
+// One "stage" is one local GEMM of a distributed schedule:
+//   D[l, m, n] = alpha * sum_k A[l, m, k] B[l, k, n] + beta * C[l, m, n]
+// with row-major A, B, C, D given by pointer + leading dim + batch stride (B's batch stride may
+// be 0: a weight shared across the batch).  Before the GEMM body, every CTA runs StageSync:
+// an optional signal to a peer's flag and an optional bounded wait on a local flag.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cc/common/problem.h"
+#include "cc/cuda/stage_sync.h"
+
+namespace jax_distgemm::cuda {
+
+// Kernel configurations compiled in (cc/cuda/sm90_gemm_*.cu).  Names: mainloop schedule, CTA
+// tile MxN (K tile 64), cluster shape.
+enum class GemmConfig : int32_t {
+  kCoop128x256_C2x1 = 0,  // Cooperative, 2 consumer warpgroups, 128x256 tile
+  kCoop256x128_C1x2 = 1,  // Cooperative, 256x128 tile
+  kPingpong128x128_C1x2 = 2,
+  kPingpong128x128_C2x1 = 3,
+};
+inline constexpr int kNumGemmConfigs = 4;
+const char* GemmConfigName(GemmConfig c);
+
+struct GemmOperands {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  const void* a = nullptr;
+  int64_t lda = 0, batch_stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, batch_stride_b = 0;
+  const void* c = nullptr;  // nullptr: no source (beta ignored)
+  int64_t ldc = 0, batch_stride_c = 0;
+  void* d = nullptr;
+  int64_t ldd = 0, batch_stride_d = 0;
+  float alpha = 1.f, beta = 0.f;
+};
+
+struct GemmLaunch {
+  GemmConfig config = GemmConfig::kCoop128x256_C2x1;
+  ElemType ab_type = ElemType::kBF16;
+  ElemType d_type = ElemType::kBF16;  // C, when present, has D's type
+  GemmOperands ops;
+  StageSync sync;
+  int device = 0;
+  int sm_count = 0;
+  int max_swizzle = 1;
+  bool pdl = true;  // programmatic dependent launch: overlap with the previous kernel's tail
+  void* workspace = nullptr;  // CUTLASS kernel workspace (GemmWorkspaceBytes)
+};
+
+// One compiled kernel (both C variants share config and types).
+struct GemmEntry {
+  GemmConfig config;
+  ElemType ab_type, d_type;
+  bool has_c;
+  std::string (*launch)(const GemmLaunch&, cudaStream_t);
+  size_t (*workspace_bytes)(const GemmLaunch&);
+  std::string (*prepare)();
+};
+
+// The compiled kernel for (config, ab_type, d_type, has_c), or nullptr.
+const GemmEntry* FindGemm(GemmConfig config, ElemType ab_type, ElemType d_type, bool has_c);
+// Configs compiled for (ab_type, d_type), fastest-first by default preference.
+int AvailableConfigs(ElemType ab_type, ElemType d_type, GemmConfig* out, int max);
+
+// Enqueues one stage on `stream`.  Returns "" or an error message.
+std::string LaunchGemm(const GemmLaunch& launch, cudaStream_t stream);
+
+// Bytes of CUTLASS workspace the launch needs (0 for the persistent data-parallel scheduler).
+size_t GemmWorkspaceBytes(const GemmLaunch& launch);
+
+// Sets the dynamic shared-memory limit of every compiled kernel on the current device.  This
+// also forces the module to load: it must run on every device before any kernel that spins on
+// a peer is launched (lazy loading takes a process-wide lock; docs/design.md, "Hazards").
+std::string PrepareGemmKernels();
+
+}  // namespace jax_distgemm::cuda

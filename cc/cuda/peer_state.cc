@@ -1,0 +1,198 @@
+#include "cc/cuda/peer_state.h"
+
+#include <cuda.h>
+
+#include <chrono>
+#include <map>
+#include <sstream>
+
+#include "cc/common/rendezvous.h"
+#include "cc/cuda/gemm_kernels.h"
+
+namespace jax_distgemm::cuda {
+namespace {
+
+std::string CudaError(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+#define RETURN_IF_CUDA_ERROR(expr)                       \
+  do {                                                   \
+    cudaError_t _e = (expr);                             \
+    if (_e != cudaSuccess) return CudaError(#expr, _e);  \
+  } while (0)
+
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+PeerGroup::PeerGroup(std::vector<int> ordinals)
+    : ordinals_(std::move(ordinals)), devs_(ordinals_.size()) {
+  for (size_t r = 0; r < devs_.size(); ++r) devs_[r].ordinal = ordinals_[r];
+}
+
+PeerGroup::~PeerGroup() = default;  // process-lifetime: the driver reclaims at exit
+
+std::string PeerGroup::InitDevice(int rank) {
+  DeviceState& d = devs_[rank];
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_ == nullptr) {
+      void* p = nullptr;
+      RETURN_IF_CUDA_ERROR(
+          cudaHostAlloc(&p, sizeof(ErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
+      error_ = static_cast<ErrorRecord*>(p);
+      *error_ = ErrorRecord{};
+    }
+  }
+  // Peers read and write this device's workspace directly (TMA, copy engine): peer access to
+  // every member.  XLA already enabled it for its own devices; "already enabled" is fine.
+  for (int peer : ordinals_) {
+    if (peer == d.ordinal) continue;
+    int can = 0;
+    RETURN_IF_CUDA_ERROR(cudaDeviceCanAccessPeer(&can, d.ordinal, peer));
+    if (!can) {
+      std::ostringstream m;
+      m << "device " << d.ordinal << " cannot access device " << peer
+        << " (no NVLink/P2P path); use implementation='xla' for this mesh";
+      return m.str();
+    }
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+    } else if (e != cudaSuccess) {
+      return CudaError("cudaDeviceEnablePeerAccess", e);
+    }
+  }
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.ordinal));
+  RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
+  RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
+  RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kMaxTp * sizeof(uint32_t)));
+  RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kMaxTp * sizeof(uint32_t)));
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
+  // Load every kernel now, before any peer can launch a kernel that spins on us.
+  if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
+  RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+  return "";
+}
+
+std::string PeerGroup::EnsureReady(int rank, size_t bytes, cudaStream_t stream, int64_t run_id,
+                                   int64_t timeout_ms) {
+  DeviceState& d = devs_[rank];
+  const bool need_init = d.flags == nullptr;
+  const bool need_grow = bytes > d.workspace_bytes;
+  if (!need_init && !need_grow) return "";
+  // Every device of the group sees the same condition at the same call (same problem, same
+  // history), so all TP threads come here together.
+  std::ostringstream key;
+  key << "cuda-ready";
+  for (int o : ordinals_) key << "/" << o;
+  key << "@" << run_id << "#" << d.workspace_bytes;
+  std::shared_ptr<Session> session = JoinSession(key.str(), tp());
+  const auto timeout = std::chrono::milliseconds(timeout_ms);
+  if (need_init) {
+    if (std::string err = InitDevice(rank); !err.empty()) return err;
+  }
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(d.copy_stream));
+  // NOTE: after this barrier no device runs anything of ours: safe to free and cudaMalloc.
+  if (auto e = session->Barrier(rank, 0, "workspace setup (drain)", timeout); !e.empty()) return e;
+  if (need_grow) {
+    if (d.workspace != nullptr) RETURN_IF_CUDA_ERROR(cudaFree(d.workspace));
+    d.workspace = nullptr;
+    d.workspace_bytes = 0;
+    const size_t size = RoundUp(bytes, size_t{2} << 20);
+    cudaError_t e = cudaMalloc(&d.workspace, size);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::ostringstream m;
+      m << "could not allocate the " << size << "-byte symmetric workspace on device "
+        << d.ordinal << " (" << cudaGetErrorString(e)
+        << "); it lives outside XLA's memory pool: lower XLA_PYTHON_CLIENT_MEM_FRACTION";
+      return m.str();
+    }
+    d.workspace_bytes = size;
+  }
+  RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+  if (auto e = session->Barrier(rank, 1, "workspace setup (publish)", timeout); !e.empty()) return e;
+  return "";
+}
+
+std::string PeerGroup::PendingError() const {
+  if (error_ == nullptr) return "";
+  const volatile ErrorRecord* r = error_;
+  if (r->code == 0) return "";
+  std::ostringstream m;
+  m << "a wait on a peer timed out on GPU: rank " << r->rank << " (device "
+    << (r->rank >= 0 && r->rank < static_cast<int>(ordinals_.size()) ? ordinals_[r->rank] : -1)
+    << ") at stage " << r->stage << " waited for rank " << r->peer << " to deliver call epoch "
+    << r->expected << " (flag still " << r->observed
+    << "). Every device of the TP group must run the same sequence of distgemm calls; the "
+       "outputs of that call are invalid. Call jax_distgemm.reset() once no call is in flight "
+       "to recover.";
+  return m.str();
+}
+
+std::string PeerGroup::Reset() {
+  for (DeviceState& d : devs_) {
+    if (d.flags == nullptr) continue;
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+    RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+    RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kMaxTp * sizeof(uint32_t)));
+    RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+    d.epoch = 0;
+  }
+  if (error_ != nullptr) *error_ = ErrorRecord{};
+  return "";
+}
+
+namespace {
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<std::vector<int>, std::unique_ptr<PeerGroup>>& Groups() {
+  static auto* g = new std::map<std::vector<int>, std::unique_ptr<PeerGroup>>();
+  return *g;
+}
+
+}  // namespace
+
+PeerGroup* GetPeerGroup(const std::vector<int>& ordinals) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto& slot = Groups()[ordinals];
+  if (!slot) slot = std::make_unique<PeerGroup>(ordinals);
+  return slot.get();
+}
+
+std::vector<PeerGroup*> AllPeerGroups() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::vector<PeerGroup*> out;
+  for (auto& [k, g] : Groups()) out.push_back(g.get());
+  return out;
+}
+
+cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t value) {
+  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  static Fn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      p = nullptr;
+    }
+    return reinterpret_cast<Fn>(p);
+  }();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  // Default flags: a system-scope fence orders prior work on the stream before the write.
+  CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
+                  value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
+}  // namespace jax_distgemm::cuda

@@ -1,0 +1,88 @@
+// Persistent per-group state of the CUDA executor: the symmetric workspace, peer flags, copy
+// streams, call epochs and the group's error record.  Host code only (CUDA runtime API).
+//
+// One process drives all GPUs of a TP group (JAX's default: one host thread per device calls
+// the handler concurrently).  Each device owns, for the lifetime of the process:
+//
+//   workspace  cudaMalloc'd outside XLA's pool, same size on every device, grown (never shrunk)
+//              when a larger problem arrives.  Peers write into it (AllGather pushes, the
+//              ReduceScatter running sums), so its pointer is published to the group.
+//   flags      kMaxTp uint32 epochs, written by peers: flags[i] >= e means "the data stage i of
+//              call e consumes has landed in my workspace".
+//   epoch      calls issued on this device (host counter; the same sequence on every device).
+//
+// Slots are double-buffered by call parity.  NOTE: why no trailing barrier is needed: a device
+// starts call e only after finishing call e-1, which consumed data every peer produced in call
+// e-1, which those peers produced only after finishing call e-2.  So when anyone writes parity
+// (e % 2) for call e, nobody still reads parity (e % 2) of call e-2 (docs/design.md, "Epochs").
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cc/cuda/stage_sync.h"
+
+namespace jax_distgemm::cuda {
+
+inline constexpr int kMaxTp = 64;
+
+struct DeviceState {
+  int ordinal = -1;
+  int sm_count = 0;
+  cudaStream_t copy_stream = nullptr;  // AllGather pushes (copy engine)
+  cudaEvent_t fork = nullptr, join = nullptr;
+  uint8_t* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  uint32_t* flags = nullptr;
+  void* gemm_scratch = nullptr;
+  uint32_t epoch = 0;
+};
+
+class PeerGroup {
+ public:
+  explicit PeerGroup(std::vector<int> ordinals);
+  ~PeerGroup();
+
+  int tp() const { return static_cast<int>(devs_.size()); }
+  DeviceState& dev(int rank) { return devs_[rank]; }
+  const std::vector<int>& ordinals() const { return ordinals_; }
+  ErrorRecord* error() const { return error_; }
+
+  // Makes sure every device of the group holds a workspace of at least `bytes`, the flags,
+  // copy stream and loaded kernels.  Called by each device's handler thread with its `rank`;
+  // when anything must be (re)allocated, the TP threads meet (keyed by run_id): each drains
+  // its own streams, then allocates, so no kernel of ours is spinning during cudaMalloc.
+  std::string EnsureReady(int rank, size_t bytes, cudaStream_t stream, int64_t run_id,
+                          int64_t timeout_ms);
+
+  // Host view of a sticky error left by a timed-out wait ("" if none).
+  std::string PendingError() const;
+  // Drains all devices, zeroes flags and epochs, clears the error.  No call may be in flight.
+  std::string Reset();
+
+  static constexpr size_t kGemmScratchBytes = 4u << 20;
+
+ private:
+  std::string InitDevice(int rank);
+
+  std::vector<int> ordinals_;
+  std::vector<DeviceState> devs_;
+  ErrorRecord* error_ = nullptr;  // mapped pinned memory, shared by the group's devices
+  std::mutex mu_;
+  int64_t generation_ = 0;  // workspace reallocations so far (rendezvous key)
+};
+
+// The process-wide group for these ordinals (in rank order), created on first use.
+PeerGroup* GetPeerGroup(const std::vector<int>& ordinals);
+// Every group created so far (for reset()).
+std::vector<PeerGroup*> AllPeerGroups();
+
+// cuStreamWriteValue32 through the driver entry point (no link-time dependency on libcuda).
+cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t value);
+
+}  // namespace jax_distgemm::cuda

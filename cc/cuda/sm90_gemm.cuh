@@ -1,0 +1,272 @@
+// CUTLASS 3.x SM90 TMA warp-specialized GEMMs for the distributed stages (device code).
+//
+// Layouts are JAX's: A = x [M, K] row-major (K-major), B = w [K, N] row-major (N-major),
+// C, D [M, N] row-major.  fp32 accumulation.  Each kernel is wrapped by StageKernel, which runs
+// the cross-device StageSync before the unmodified CUTLASS kernel body.
+//
+// Include only from the sm90_gemm_*.cu instantiation files (compile time: ~1 min per kernel).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cc/cuda/gemm_kernels.h"
+#include "cc/cuda/stage_sync.h"
+#include "cute/tensor.hpp"
+#include "cutlass/arch/grid_dependency_control.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/kernel_hardware_info.h"
+
+#if !defined(CUTLASS_ENABLE_GDC_FOR_SM90)
+#error "Build with -DCUTLASS_ENABLE_GDC_FOR_SM90=1: stage ordering relies on griddepcontrol"
+#endif
+
+namespace jax_distgemm::cuda {
+
+using namespace cute;
+
+// -- Config -> CUTLASS types ------------------------------------------------------------------------
+
+template <GemmConfig kConfig>
+struct ConfigTraits;
+
+template <>
+struct ConfigTraits<GemmConfig::kCoop128x256_C2x1> {
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+template <>
+struct ConfigTraits<GemmConfig::kCoop256x128_C1x2> {
+  using TileShape = Shape<_256, _128, _64>;
+  using ClusterShape = Shape<_1, _2, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+template <>
+struct ConfigTraits<GemmConfig::kPingpong128x128_C1x2> {
+  using TileShape = Shape<_128, _128, _64>;
+  using ClusterShape = Shape<_1, _2, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+};
+template <>
+struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> {
+  using TileShape = Shape<_128, _128, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+};
+
+template <GemmConfig kConfig, class ElementAB, class ElementD, bool kHasC>
+struct Sm90Gemm {
+  using Traits = ConfigTraits<kConfig>;
+  using ElementC = cute::conditional_t<kHasC, ElementD, void>;
+  using ElementAcc = float;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::RowMajor;
+  using LayoutC = cutlass::layout::RowMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
+  static constexpr int kAlignD = 16 / sizeof(ElementD);
+  static constexpr int kAlignC = kAlignD;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Traits::TileShape,
+      typename Traits::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc,
+      ElementAcc, ElementC, LayoutC, kAlignC, ElementD, LayoutD, kAlignD,
+      typename Traits::EpilogueSchedule>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB,
+      ElementAB, LayoutB, kAlignAB, ElementAcc, typename Traits::TileShape,
+      typename Traits::ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Traits::KernelSchedule>::CollectiveOp;
+
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
+                                                          CollectiveMainloop, CollectiveEpilogue>;
+};
+
+// -- Stage synchronization (device) -------------------------------------------------------------
+
+CUTLASS_DEVICE uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+CUTLASS_DEVICE uint32_t LoadAcquireSys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+CUTLASS_DEVICE void StoreReleaseSys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Spins until the flag reaches the epoch or the timeout passes.  Returns true on arrival.
+CUTLASS_DEVICE bool WaitFlag(const StageSync& s) {
+  const uint64_t start = GlobalTimerNs();
+  uint32_t v = LoadAcquireSys(s.wait_flag);
+  while (static_cast<int32_t>(v - s.wait_epoch) < 0) {
+    if (GlobalTimerNs() - start > s.timeout_ns) {
+      if (s.error != nullptr && atomicCAS_system(&s.error->code, 0u, 1u) == 0u) {
+        s.error->rank = s.rank;
+        s.error->stage = s.stage;
+        s.error->peer = s.peer;
+        s.error->expected = s.wait_epoch;
+        s.error->observed = v;
+        __threadfence_system();
+      }
+      return false;
+    }
+    __nanosleep(100);
+    v = LoadAcquireSys(s.wait_flag);
+  }
+  return true;
+}
+
+// The CUTLASS kernel with StageSync in front.  Statics (SharedStorageSize, ArchTag, ...) are
+// inherited, so GemmUniversalAdapter<StageKernel<K>>::run launches it like K.
+template <class GemmKernel_>
+struct StageKernel : GemmKernel_ {
+  using Base = GemmKernel_;
+  struct Params {
+    typename Base::Params base;
+    StageSync sync;
+  };
+
+  static dim3 get_grid_shape(Params const& params) { return Base::get_grid_shape(params.base); }
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
+    // Let the next stage launch early; then wait until the previous grid on this stream is
+    // complete and its memory flushed (a no-op when launched without PDL).
+    cutlass::arch::launch_dependent_grids();
+    cutlass::arch::wait_on_dependent_grids();
+
+    const StageSync& s = params.sync;
+    if (s.signal_flag != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+        threadIdx.x == 0) {
+      StoreReleaseSys(s.signal_flag, s.signal_epoch);
+    }
+    if (s.wait_flag != nullptr) {
+      // One decision per cluster (the mainloop's cluster barriers need all CTAs of a cluster
+      // to run or none): the leader waits, the others read its verdict from its shared memory.
+      // The GEMM's own shared storage is not initialized yet, so word 0 is free to borrow.
+      volatile uint32_t* verdict = reinterpret_cast<volatile uint32_t*>(smem);
+      const bool leader = cute::block_rank_in_cluster() == 0;
+      if (leader && threadIdx.x == 0) *verdict = WaitFlag(s) ? 1u : 0u;
+      cute::cluster_sync();
+      uint32_t go;
+      if constexpr (size(typename Base::DispatchPolicy::ClusterShape{}) > 1) {
+        uint32_t smem_addr = cute::cast_smem_ptr_to_uint(smem);
+        uint32_t remote = cute::set_block_rank(smem_addr, 0);
+        asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(go) : "r"(remote) : "memory");
+      } else {
+        go = *verdict;
+      }
+      cute::cluster_sync();  // everyone has read the verdict before the GEMM reuses smem
+      if (go == 0u) return;  // timed out: the host reports the ErrorRecord
+      // The peer's data was written by another device (copy engine or TMA); order our TMA
+      // (async proxy) reads after the leader's acquire.
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
+    Base gemm;
+    gemm(params.base, smem);
+  }
+};
+
+// -- Host launch ----------------------------------------------------------------------------------
+
+template <GemmConfig kConfig, class ElementAB, class ElementD, bool kHasC>
+struct StageGemm {
+  using Gemm = Sm90Gemm<kConfig, ElementAB, ElementD, kHasC>;
+  using Kernel = StageKernel<typename Gemm::GemmKernel>;
+  using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using BaseKernel = typename Gemm::GemmKernel;
+  using Arguments = typename BaseKernel::Arguments;
+
+  static Arguments MakeArguments(const GemmLaunch& g) {
+    using StrideA = typename BaseKernel::StrideA;
+    using StrideB = typename BaseKernel::StrideB;
+    using StrideC = typename BaseKernel::StrideC;
+    using StrideD = typename BaseKernel::StrideD;
+    const GemmOperands& o = g.ops;
+    StrideA stride_a = make_stride(o.lda, Int<1>{}, o.batch_stride_a);
+    StrideB stride_b = make_stride(Int<1>{}, o.ldb, o.batch_stride_b);
+    StrideC stride_c = make_stride(o.ldc, Int<1>{}, o.batch_stride_c);
+    StrideD stride_d = make_stride(o.ldd, Int<1>{}, o.batch_stride_d);
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = g.device;
+    hw.sm_count = g.sm_count;
+    Arguments args{};
+    args.mode = o.batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched
+                            : cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {static_cast<int>(o.m), static_cast<int>(o.n), static_cast<int>(o.k),
+                          static_cast<int>(o.batch)};
+    args.mainloop = {static_cast<const ElementAB*>(o.a), stride_a,
+                     static_cast<const ElementAB*>(o.b), stride_b};
+    args.epilogue.thread.alpha = o.alpha;
+    args.epilogue.thread.beta = kHasC ? o.beta : 0.f;
+    if constexpr (kHasC) {
+      args.epilogue.ptr_C = static_cast<const ElementD*>(o.c);
+    }
+    args.epilogue.dC = stride_c;
+    args.epilogue.ptr_D = static_cast<ElementD*>(o.d);
+    args.epilogue.dD = stride_d;
+    args.hw_info = hw;
+    args.scheduler.max_swizzle_size = g.max_swizzle;
+    return args;
+  }
+
+  static size_t WorkspaceBytes(const GemmLaunch& g) {
+    return BaseKernel::get_workspace_size(MakeArguments(g));
+  }
+
+  static std::string Launch(const GemmLaunch& g, cudaStream_t stream) {
+    Arguments args = MakeArguments(g);
+    if (!BaseKernel::can_implement(args)) {
+      return std::string("CUTLASS cannot implement this stage GEMM (") +
+             GemmConfigName(kConfig) + "): check 16-byte alignment of every row pitch";
+    }
+    typename Kernel::Params params{BaseKernel::to_underlying_arguments(args, g.workspace),
+                                   g.sync};
+    cutlass::Status st = Adapter::run(params, stream, nullptr, g.pdl);
+    if (st != cutlass::Status::kSuccess) {
+      return std::string("CUTLASS launch failed: ") + cutlass::cutlassGetStatusString(st) +
+             " / " + cudaGetErrorString(cudaGetLastError());
+    }
+    return "";
+  }
+
+  static std::string Prepare() {
+    const int smem = static_cast<int>(Kernel::SharedStorageSize);
+    cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+    return "";
+  }
+};
+
+}  // namespace jax_distgemm::cuda
+
+// Registry entries of one (config, A/B type, D type), with and without C.
+#define JAX_DISTGEMM_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D)                              \
+  {CONFIG, AB_ENUM, D_ENUM, false, &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, false>::Launch, \
+   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, false>::WorkspaceBytes,                      \
+   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, false>::Prepare},                            \
+  {CONFIG, AB_ENUM, D_ENUM, true, &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, true>::Launch, \
+   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, true>::WorkspaceBytes,                        \
+   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, true>::Prepare}

@@ -1,0 +1,36 @@
+"""Host-side controls of the CUDA executor: recovery after a timed-out wait, tuning report."""
+
+from __future__ import annotations
+
+from jax_distgemm import ffi as ffi_modules
+
+
+def reset() -> None:
+  """Recovers the CUDA executor after a timed-out peer wait.
+
+  Drains every GPU the executor used, zeroes its flags and call epochs and clears the sticky
+  error, so the next call starts clean.  Call it when no distgemm call is in flight (after
+  the failing call's exception, once outstanding results were blocked on or dropped).  On a
+  process without the CUDA executor it does nothing (the CPU executor needs no recovery: each
+  call meets its peers afresh).
+  """
+  module = ffi_modules.module_for("cuda")
+  if module is None:
+    return
+  err = module.reset()
+  if err:
+    raise RuntimeError(f"jax_distgemm.reset: {err}")
+
+
+def pending_error() -> str | None:
+  """The sticky error a timed-out GPU wait left behind, or None."""
+  module = ffi_modules.module_for("cuda")
+  if module is None:
+    return None
+  return module.pending_error() or None
+
+
+def describe_tuning() -> str:
+  """The stage GEMM configuration chosen per shape so far (CUDA), one line each."""
+  module = ffi_modules.module_for("cuda")
+  return "" if module is None else module.describe_tuning()

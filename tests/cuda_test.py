@@ -1,0 +1,253 @@
+"""GPU tests of the CUDA executor (CUTLASS SM90 stages + NVLink peers).
+
+Skipped only where no pair of Hopper (sm_90) GPUs is visible.  With
+JAX_DISTGEMM_REQUIRE_GPU=1 (tools/gpu_check.sh) a missing GPU or a missing CUDA extension is a
+failure instead.  Outputs are poisoned with NaN before every call
+(JAX_DISTGEMM_POISON_OUTPUT=1, set below before the executor reads it), so a tile the kernels
+never write fails the comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("JAX_DISTGEMM_POISON_OUTPUT", "1")
+
+from tests import test_util  # noqa: E402  (fake CPU devices before JAX initializes)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl.testing import absltest, parameterized  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_distgemm as jd  # noqa: E402
+from jax_distgemm import Schedule  # noqa: E402
+from jax_distgemm import ffi as ffi_modules  # noqa: E402
+
+REQUIRE = os.environ.get("JAX_DISTGEMM_REQUIRE_GPU") == "1"
+
+
+def hopper_gpus():
+  try:
+    gpus = jax.devices("gpu")
+  except RuntimeError:
+    return []
+  return [d for d in gpus if getattr(d, "compute_capability", "") == "9.0"]
+
+
+GPUS = hopper_gpus()
+TP = 2
+
+
+def setUpModule():
+  if len(GPUS) < TP:
+    msg = f"needs {TP} Hopper GPUs, found {len(GPUS)}"
+    if REQUIRE:
+      raise AssertionError(msg + " (JAX_DISTGEMM_REQUIRE_GPU=1)")
+    raise absltest.SkipTest(msg)
+  if not ffi_modules.has_cuda():
+    raise AssertionError(f"CUDA extension not built: {ffi_modules.cuda_import_error}")
+
+
+def gpu_mesh(tp=TP):
+  return jax.sharding.Mesh(np.array(GPUS[:tp]), ("tp",))
+
+
+def run_global(schedule, x, w, c=None, *, alpha=1.0, beta=0.0, out_dtype=None,
+               implementation="ffi", mesh=None, w_batched=False, timeout_ms=None):
+  mesh = mesh or gpu_mesh()
+  batch_ndim = x.ndim - 2
+  xs, ws, os_ = test_util.specs(schedule, batch_ndim, w_batched=w_batched)
+  args = [jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws))]
+  in_specs = [xs, ws]
+  if c is not None:
+    args.append(jax.device_put(c, NamedSharding(mesh, os_)))
+    in_specs.append(os_)
+
+  def body(a, b, *rest):
+    return jd.distributed_matmul(a, b, rest[0] if rest else None, axis_name="tp",
+                                 schedule=schedule, alpha=alpha, beta=beta, out_dtype=out_dtype,
+                                 implementation=implementation, timeout_ms=timeout_ms)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=os_))
+  return f, args
+
+
+# Global (M, K, N); local shards are M/TP or N/TP or K/TP.  The second and third are not
+# multiples of any tile (TMA only needs 16-byte row pitches).
+SHAPES = {"square": (512, 512, 1024), "ragged": (400, 520, 528), "tall": (1040, 264, 272)}
+
+
+class CudaCorrectnessTest(parameterized.TestCase):
+
+  @parameterized.product(schedule=list(Schedule), dtype=["bf16", "fp16"],
+                         shape=list(SHAPES))
+  def test_matches_reference(self, schedule, dtype, shape):
+    m, k, n = SHAPES[shape]
+    dt = test_util.DTYPES[dtype]
+    x, w, _ = test_util.random_inputs(hash((schedule, dtype, shape)) % 2**31, (m, k), (k, n), dt)
+    f, args = run_global(schedule, x, w)
+    for rep in range(2):  # the second call reuses the workspace (other parity)
+      out = f(*args)
+      err = test_util.rel_err(out, test_util.reference_np(x, w))
+      self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), "unwritten output (NaN)")
+      self.assertLess(err, test_util.REL_TOL[jnp.dtype(dt)], f"call {rep}")
+
+  @parameterized.product(schedule=list(Schedule), w_batched=[False, True])
+  def test_batch_alpha_beta(self, schedule, w_batched):
+    L, (m, k, n) = 3, SHAPES["ragged"]
+    x, w, _ = test_util.random_inputs(7, (L, m, k), (L, k, n) if w_batched else (k, n),
+                                      jnp.bfloat16)
+    c = jnp.asarray(np.random.default_rng(8).standard_normal((L, m, n)), jnp.bfloat16)
+    _, _, out_spec = test_util.specs(schedule, 1, w_batched=w_batched)
+    f, args = run_global(schedule, x, w, c, alpha=0.5, beta=-0.75, w_batched=w_batched)
+    out = f(*args)
+    ref = test_util.reference_np(x, w, c, alpha=0.5, beta=-0.75)
+    self.assertLess(test_util.rel_err(out, ref), 1e-2)
+
+  @parameterized.product(schedule=list(Schedule), dtype=["bf16", "fp16"])
+  def test_fp32_output(self, schedule, dtype):
+    m, k, n = SHAPES["square"]
+    dt = test_util.DTYPES[dtype]
+    x, w, _ = test_util.random_inputs(11, (m, k), (k, n), dt)
+    f, args = run_global(schedule, x, w, out_dtype=jnp.float32)
+    out = f(*args)
+    self.assertEqual(out.dtype, jnp.float32)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 2e-3)
+
+  def test_hlo_has_custom_call_and_no_collectives(self):
+    for schedule in Schedule:
+      x, w, _ = test_util.random_inputs(1, (512, 512), (512, 1024), jnp.bfloat16)
+      f, args = run_global(schedule, x, w)
+      counts = test_util.collectives_in_hlo(f.lower(*args).compile().as_text())
+      self.assertEqual(counts["jax_distgemm"], 1, schedule.name)
+      self.assertEqual(counts["all-gather"] + counts["reduce-scatter"], 0, schedule.name)
+
+
+class CudaStressTest(parameterized.TestCase):
+
+  @parameterized.parameters(Schedule.AllGather1D_TilingCD_RotatingA,
+                            Schedule.ReduceScatter1D_TilingA_RotatingC)
+  def test_1000_back_to_back_calls_two_shapes(self, schedule):
+    """1,000 calls, alternating two shapes, fresh inputs each call, every result checked."""
+    mesh = gpu_mesh()
+    xs, ws, os_ = test_util.specs(schedule, 0)
+    shapes = [(256, 512, 384), (512, 256, 1024)]
+
+    def make_step(m, k, n):
+      def body(key):
+        kx, kw = jax.random.split(jax.random.fold_in(key, jax.lax.axis_index("tp")))
+        ag = schedule.is_all_gather
+        xl = jax.random.normal(kx, (m // TP, k) if ag else (m, k // TP), jnp.float32)
+        wl = jax.random.normal(kw, (k, n // TP) if ag else (k // TP, n), jnp.float32)
+        xl, wl = xl.astype(jnp.bfloat16), wl.astype(jnp.bfloat16)
+        ours = jd.distributed_matmul(xl, wl, axis_name="tp", schedule=schedule,
+                                     implementation="ffi")
+        ref = jd.distributed_matmul(xl, wl, axis_name="tp", schedule=schedule,
+                                    implementation="reference").astype(jnp.float32)
+        num = jnp.sum((ours.astype(jnp.float32) - ref) ** 2)
+        den = jnp.sum(ref ** 2)
+        return jax.lax.psum(jnp.stack([num, den]), "tp")[None]
+      return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P("tp")))
+
+    steps = [make_step(*s) for s in shapes]
+    results = []
+    t0 = time.perf_counter()
+    for i in range(1000):
+      results.append(steps[i % 2](jax.random.key(i)))
+    errs = np.array([np.sqrt(r[0, 0] / r[0, 1]) for r in jax.device_get(results)])
+    elapsed = time.perf_counter() - t0
+    self.assertEqual(len(errs), 1000)
+    self.assertTrue(np.all(np.isfinite(errs)), "NaN result (unwritten tile or race)")
+    self.assertLess(errs.max(), 1e-2, f"worst call {errs.argmax()}")
+    self.assertIsNone(jd.pending_error())
+    print(f"{schedule.name}: 1000 calls in {elapsed:.2f}s, worst rel err {errs.max():.2e}")
+
+  def test_inside_program_with_xla_all_reduce(self):
+    """Our ops and an XLA all-reduce on the same devices in one jitted program."""
+    mesh = gpu_mesh()
+    rs, ag = Schedule.ReduceScatter1D_TilingA_RotatingC, Schedule.AllGather1D_TilingCD_RotatingA
+    xs, ws, ys = test_util.specs(rs, 0)
+    _, w2s, zs = test_util.specs(ag, 0)
+    x, w, _ = test_util.random_inputs(3, (512, 1024), (1024, 768), jnp.bfloat16)
+    _, w2, _ = test_util.random_inputs(4, (8, 768), (768, 256), jnp.bfloat16)
+
+    def body(a, b, b2):
+      y = jd.matmul_reduce_scatter(a, b, axis_name="tp", implementation="ffi")
+      total = jax.lax.psum(jnp.sum(y.astype(jnp.float32)), "tp")  # XLA all-reduce
+      z = jd.all_gather_matmul(y, b2, axis_name="tp", implementation="ffi")
+      return y, z, total[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(xs, ws, w2s),
+                              out_specs=(ys, zs, P("tp"))))
+    args = (jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws)),
+            jax.device_put(w2, NamedSharding(mesh, w2s)))
+    counts = test_util.collectives_in_hlo(f.lower(*args).compile().as_text())
+    self.assertEqual(counts["jax_distgemm"], 2)
+    self.assertGreaterEqual(counts["all-reduce"], 1)
+    self.assertEqual(counts["all-gather"] + counts["reduce-scatter"], 0)
+    ref_y = test_util.reference_np(x, w)
+    ref_z = ref_y @ np.asarray(w2, np.float64)
+    for _ in range(3):
+      y, z, total = f(*args)
+      self.assertLess(test_util.rel_err(y, ref_y), 1e-2)
+      self.assertLess(test_util.rel_err(z, ref_z), 2e-2)
+      np.testing.assert_allclose(np.asarray(total)[0], np.asarray(y, np.float64).sum(),
+                                 rtol=1e-3, atol=1e-1 * np.sqrt(y.size))
+
+
+class CudaReliabilityTest(absltest.TestCase):
+
+  def test_forced_timeout_reports_error_and_recovers(self):
+    module = ffi_modules.module_for("cuda")
+    schedule = Schedule.AllGather1D_TilingCD_RotatingA
+    x, w, _ = test_util.random_inputs(5, (512, 512), (512, 1024), jnp.bfloat16)
+    f, args = run_global(schedule, x, w, timeout_ms=500)
+    jax.block_until_ready(f(*args))
+    module.set_sync_check(True)
+    module.set_fault_device(GPUS[1].local_hardware_id)  # device 1 never pushes its shard
+    try:
+      t0 = time.perf_counter()
+      with self.assertRaisesRegex(Exception, "timed out on GPU.*stage 1"):
+        jax.block_until_ready(f(*args))
+      self.assertLess(time.perf_counter() - t0, 30)
+    finally:
+      module.set_fault_device(-1)
+      module.set_sync_check(False)
+    jd.reset()
+    self.assertIsNone(jd.pending_error())
+    out = f(*args)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-2)
+
+  def test_memory_stable_over_2000_calls_5_shapes(self):
+    module = ffi_modules.module_for("cuda")
+    shapes = [(256, 256, 512), (512, 256, 256), (384, 512, 768), (1024, 128, 256),
+              (256, 1024, 1024)]
+    fns = []
+    for i, (m, k, n) in enumerate(shapes):
+      schedule = list(Schedule)[i % 4]
+      x, w, _ = test_util.random_inputs(i, (m, k), (k, n), jnp.bfloat16)
+      fns.append(run_global(schedule, x, w))
+    for f, args in fns:  # warm up: compile, tune, grow the workspace to its maximum
+      jax.block_until_ready(f(*args))
+
+    def used():
+      return [module.mem_get_info(g.local_hardware_id)[1] -
+              module.mem_get_info(g.local_hardware_id)[0] for g in GPUS[:TP]]
+
+    before = used()
+    for i in range(2000):
+      f, args = fns[i % len(fns)]
+      out = f(*args)
+    jax.block_until_ready(out)
+    after = used()
+    for b, a in zip(before, after):
+      self.assertLessEqual(a - b, 8 << 20, f"device memory grew by {(a - b) >> 20} MiB")
+    print(f"device memory in use before/after 2000 calls: {before} / {after}")
+
+
+if __name__ == "__main__":
+  absltest.main()
