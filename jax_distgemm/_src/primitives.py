@@ -12,6 +12,8 @@ The output shape per schedule is `output_shape` below.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import itertools
 
@@ -32,6 +34,24 @@ TARGET_NAME = "jax_distgemm_v1"
 distgemm_p = core.Primitive("jax_distgemm")
 
 
+# Call sites lowered into separate modules that XLA later splices into one program (each
+# custom_partitioning op is lowered on its own, with a fresh channel counter) would otherwise
+# get equal call_ids; partitioning.py binds them under a distinct call_site (see _lowering).
+_call_site = contextvars.ContextVar("jax_distgemm_call_site", default=0)
+
+
+@contextlib.contextmanager
+def call_site(site: int):
+  """Primitives bound inside get `site` mixed into their rendezvous key (call_id)."""
+  if not 0 <= int(site) < 2**31:
+    raise ValueError(f"call_site: expected 0 <= site < 2**31, got {site}")
+  token = _call_site.set(int(site))
+  try:
+    yield
+  finally:
+    _call_site.reset(token)
+
+
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
          beta: float, out_dtype, timeout_ms: int):
   """Binds the primitive; c=None passes an empty operand.  c is cast to out_dtype."""
@@ -39,12 +59,13 @@ def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float
   return distgemm_p.bind(
       x, w, c, schedule=Schedule(schedule), axis_name=tuple(axis_name),
       tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
-      timeout_ms=int(timeout_ms))
+      timeout_ms=int(timeout_ms), call_site=_call_site.get())
 
 
 @distgemm_p.def_abstract_eval
-def _abstract_eval(x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms):
-  del c, axis_name, alpha, beta, timeout_ms
+def _abstract_eval(x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
+                   call_site):
+  del c, axis_name, alpha, beta, timeout_ms, call_site
   shape = output_shape(schedule, x.shape, w.shape, tp)
   # The output varies over the same manual axes as the (vma-matched) operands.
   return x.update(shape=shape, dtype=out_dtype, weak_type=False,
@@ -91,7 +112,7 @@ def _register_device_ids(platform: str):
 
 
 def _lowering(platform, ctx, x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype,
-              timeout_ms):
+              timeout_ms, call_site):
   del out_dtype  # carried by the result type
   mesh = _concrete_mesh(ctx)
   groups = device_groups(mesh, axis_name, tp)
@@ -105,7 +126,8 @@ def _lowering(platform, ctx, x, w, c, *, schedule, axis_name, tp, alpha, beta, o
       alpha=np.float32(alpha),
       beta=np.float32(beta),
       # Deterministic per module (same on every device and process): the rendezvous key.
-      call_id=np.int64(ctx.module_context.new_channel()),
+      # call_site (0 but in custom_partitioning bodies) keeps separately lowered modules apart.
+      call_id=np.int64((call_site << 32) | ctx.module_context.new_channel()),
       timeout_ms=np.int64(timeout_ms))
 
 
