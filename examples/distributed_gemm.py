@@ -253,7 +253,7 @@ def main(argv=None) -> int:
   seconds = elapsed / args.iterations
   tflops = 2.0 * m * n * k * batch_count / tp / seconds / 1e12
   print(f"  Avg runtime: {seconds * 1e3:.4f} ms")
-  print(f"  TFLOP/s per device: {tflops:.4f}")
+  print(f"  TFLOP/s per device: {tflops:.4g}")
   return 0
 
 

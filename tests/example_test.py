@@ -1,0 +1,112 @@
+"""examples/distributed_gemm.py runs on fake CPU devices, checks itself and reports its timing.
+
+Each case runs the example in a subprocess (JAX_PLATFORMS=cpu: the example must pick fake CPU
+devices by itself) and parses what it prints.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+EXAMPLE = os.path.join(REPO, "examples", "distributed_gemm.py")
+README = os.path.join(REPO, "README.md")
+SCHEDULES = (
+    "AllGather1D_TilingCD_RotatingA",
+    "AllGather1D_TilingCD_RotatingB",
+    "ReduceScatter1D_TilingA_RotatingC",
+    "ReduceScatter1D_TilingB_RotatingC",
+)
+SMALL = ["--m=64", "--n=96", "--k=32", "--iterations=5", "--warmup-iterations=1"]
+NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
+
+
+def run_example(args, timeout=300):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
+  env["JAX_PLATFORMS"] = "cpu"
+  return subprocess.run([sys.executable, EXAMPLE, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
+
+
+class ExampleTest(parameterized.TestCase):
+
+  def assert_passed_with_timing(self, proc):
+    out = proc.stdout
+    self.assertEqual(proc.returncode, 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}")
+    self.assertIn("Disposition: Passed", out)
+    runtime = re.search(rf"Avg runtime: {NUMBER} ms", out)
+    tflops = re.search(rf"TFLOP/s per device: {NUMBER}", out)
+    self.assertIsNotNone(runtime, out)
+    self.assertIsNotNone(tflops, out)
+    self.assertGreater(float(runtime.group(1)), 0.0)
+    self.assertGreater(float(tflops.group(1)), 0.0)
+    return out
+
+  @parameterized.product(schedule=SCHEDULES, tp=(2, 4))
+  def test_schedule(self, schedule, tp):
+    out = self.assert_passed_with_timing(
+        run_example([f"--schedule={schedule}", f"--tp={tp}", *SMALL]))
+    self.assertIn(f"running on {tp} fake CPU devices", out)
+    self.assertIn(f"Distributed GEMM: {schedule}, TP={tp}", out)
+    self.assertIn("implementation=auto (ffi)", out)  # auto picks the CPU executor
+
+  @parameterized.parameters("ffi", "xla", "reference")
+  def test_implementation_with_batch_and_epilogue(self, implementation):
+    out = self.assert_passed_with_timing(run_example(
+        [f"--implementation={implementation}", "--tp=2", "--l=2", "--alpha=0.5", "--beta=2",
+         "--dtype=fp16", *SMALL]))
+    self.assertIn(f"implementation={implementation}", out)
+    self.assertIn("L=2, fp16, alpha=0.5 beta=2", out)
+
+  def test_failed_check_exits_1(self):
+    # eps=0 cannot hold for a bf16 output: the check must be able to fail.
+    proc = run_example(["--tp=2", "--eps=0", *SMALL])
+    self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+    self.assertIn("Disposition: Failed", proc.stdout)
+    self.assertNotIn("Disposition: Passed", proc.stdout)
+
+  def test_indivisible_shape_is_a_usage_error(self):
+    proc = run_example(["--tp=4", "--m=66", "--n=96", "--k=32"])
+    self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+    self.assertIn("M=66 must be divisible by TP=4", proc.stderr)
+
+  def test_readme_usage_snippet_runs(self):
+    with open(README) as f:
+      blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    self.assertLen(blocks, 1)
+    check = ("\nassert y.shape == (1024, 2048) and y.sharding.spec == P(None, 'tp')"
+             "\nassert np.all(np.asarray(y, np.float32) == 512.0)\nprint('snippet ok')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
+    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
+    proc = subprocess.run([sys.executable, "-c", blocks[0] + check], cwd=self.create_tempdir().full_path,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+    self.assertIn("snippet ok", proc.stdout)
+
+  def test_ci_runs_the_readme_test_command(self):
+    # .ci/run takes the line below from the README; there must be exactly one.
+    with open(README) as f:
+      commands = [l for l in f.read().splitlines() if re.match(r"python -m pytest( |$)", l)]
+    self.assertEqual(commands, ["python -m pytest -q tests"])
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+      ci = f.read()
+    self.assertIn("grep -E '^python -m pytest( |$)' README.md", ci)
+    self.assertIn('bash -c "$test_cmd"', ci)
+    self.assertTrue(os.access(os.path.join(REPO, ".ci", "run"), os.X_OK))
+
+  def test_readme_example_command_with_defaults(self):
+    # The README's first command, as written: defaults pick 8 CPU devices and the small shape.
+    with open(README) as f:
+      readme = f.read()
+    self.assertIn("python examples/distributed_gemm.py\n", readme)
+    out = self.assert_passed_with_timing(run_example([]))
+    self.assertIn("running on 8 fake CPU devices", out)
+    self.assertIn("M=512 N=1024 K=256 L=1, bf16", out)
+
+
+if __name__ == "__main__":
+  absltest.main()
