@@ -6,8 +6,10 @@ devices by itself) and parses what it prints.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -82,8 +84,10 @@ class ExampleTest(parameterized.TestCase):
              "\nassert np.all(np.asarray(y, np.float32) == 512.0)\nprint('snippet ok')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
     env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8")
-    proc = subprocess.run([sys.executable, "-c", blocks[0] + check], cwd=self.create_tempdir().full_path,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    cwd = tempfile.mkdtemp()  # not the repo root: the source tree must not shadow the install
+    self.addCleanup(shutil.rmtree, cwd)
+    proc = subprocess.run([sys.executable, "-c", blocks[0] + check], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
     self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
     self.assertIn("snippet ok", proc.stdout)
 
