@@ -1,0 +1,534 @@
+"""jit-level entry point: the schedule is picked from the operands' and the output's shardings.
+
+`collective_matmul(x, w, out_sharding=...)` takes GLOBAL arrays.  Only the mesh axis `axis`
+("tp") is ours; every other mesh axis passes through untouched (a batch dim sharded over "data"
+stays so).  Global shapes x [..., M, K], w [K, N] or [..., K, N], out [..., M, N]; "tp" marks
+the dim sharded over the TP axis (the minor axis of that dim's entry, if it has several):
+
+  x        w        out (requested)   schedule                            per shard
+  M: tp    N: tp    N: tp (default)   AllGather1D_TilingCD_RotatingA      AG_rows(x) @ w
+  M: tp    N: tp    M: tp             AllGather1D_TilingCD_RotatingB      x @ AG_cols(w)
+  K: tp    K: tp    M: tp (default)   ReduceScatter1D_TilingA_RotatingC   RS_rows(x @ w)
+  K: tp    K: tp    N: tp             ReduceScatter1D_TilingB_RotatingC   RS_cols(x @ w)
+  anything else                       fallback="error": ValueError saying why;
+                                      fallback="dot": the plain XLA dot (XLA's collectives)
+
+Other mesh axes: the batch dims of out take x's (a batched w must be sharded like x there);
+M and N keep the other axes of x's rows and w's columns; the contraction may carry other axes
+only when x and w agree, and those partial sums are then psum'd (an XLA all-reduce).
+
+How the shardings are known:
+  * concrete arrays: their NamedShardings; inside jax.jit with Explicit mesh axes: the traced
+    shardings (jax.typeof(x).sharding); or `in_specs=(x_spec, w_spec)` given by the caller.
+    The op is then a jax.shard_map over the whole mesh: differentiable (autodiff.py).
+  * otherwise (inside jax.jit with Auto mesh axes, where tracers carry no sharding): a
+    `custom_partitioning` op with a Shardy sharding_rule; the rule table above runs at compile
+    time, in the partition callback, on the shardings Shardy propagated.  Give the output a
+    sharding (out_sharding= or jax.lax.with_sharding_constraint on the result): the rule keeps
+    the output's M and N factors apart from x's and w's, so Shardy does not pick it for us.
+    custom_partitioning has no JVP, so this path has a jit-level custom_vjp: dx = g @ wT and
+    dw = xT @ g are two more partitioned ops, each asked for its primal's sharding, so the
+    partitioner emits the dual fused op where the table allows (and the plain dot, gathering
+    only what it needs, elsewhere).  One gap: with a batch dim on x and a 2-D w, RotatingB's
+    dw contracts over B*M, whose global fold cannot carry (data, tp), so it runs as a dot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+from jax._src import mesh as mesh_lib
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_distgemm._src import api, primitives
+from jax_distgemm._src.reference import matmul_f32
+from jax_distgemm._src.schedules import Schedule
+
+FALLBACKS = ("error", "dot")
+
+AG_A, AG_B, RS_A, RS_B = tuple(Schedule)
+
+
+# -- The rule table -------------------------------------------------------------------------------
+
+def _entries(spec, ndim: int, what: str) -> list[tuple[str, ...]]:
+  """A PartitionSpec as one tuple of mesh axes per dim (padded with () to ndim)."""
+  spec = tuple(spec) if spec is not None else ()
+  if len(spec) > ndim:
+    raise ValueError(f"{what}: PartitionSpec {P(*spec)} has more entries than the rank {ndim}")
+  out = []
+  for e in spec + (None,) * (ndim - len(spec)):
+    if e is None:
+      out.append(())
+    elif isinstance(e, str):
+      out.append((e,))
+    elif isinstance(e, tuple) and all(isinstance(a, str) for a in e):
+      out.append(tuple(e))
+    else:
+      raise ValueError(f"{what}: unsupported PartitionSpec entry {e!r} in {P(*spec)}")
+  return out
+
+
+def _spec(entries) -> P:
+  return P(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries])
+
+
+def _trim(spec: P) -> P:
+  """Drops trailing None entries (P('a', None) == P('a') as a sharding)."""
+  e = list(spec)
+  while e and e[-1] is None:
+    e.pop()
+  return P(*e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The rule table's answer for one call.
+
+  schedule is None when no fused schedule fits (reason says why); the specs are then those of
+  the operands as given.  psum_axes: other mesh axes the contraction is sharded over.
+  """
+
+  schedule: Schedule | None
+  x_spec: P
+  w_spec: P
+  out_spec: P | None
+  psum_axes: tuple[str, ...] = ()
+  reason: str = ""
+
+
+def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp") -> Plan:
+  """Applies the rule table (module docstring) to PartitionSpecs of the GLOBAL operands.
+
+  Args:
+    x_spec, w_spec: PartitionSpecs of x [..., M, K] and w [K, N] or [..., K, N].
+    out_spec: the requested PartitionSpec of out [..., M, N], or None for the default (the
+      output sharded on N for the AllGather family, on M for the ReduceScatter family).
+    x_ndim, w_ndim: ranks of x and w.
+    axis: the tensor-parallel mesh axis.
+
+  Returns:
+    A Plan; Plan.schedule is None (with Plan.reason) when no schedule applies.
+  """
+  xe = _entries(x_spec, x_ndim, "x")
+  we = _entries(w_spec, w_ndim, "w")
+  oe = None if out_spec is None else _entries(out_spec, x_ndim, "out_sharding")
+  nb = x_ndim - 2
+
+  def no(reason):
+    return Plan(None, _spec(xe), _spec(we), None if oe is None else _spec(oe), (), reason)
+
+  if w_ndim != 2 and w_ndim != x_ndim:
+    return no(f"w must have rank 2 or the rank of x ({x_ndim}), got {w_ndim}")
+
+  def where(entries, names, what):
+    for e, name in zip(entries, names):
+      if axis in e:
+        if e[-1] != axis:
+          return None, (f"{what}: {axis!r} must be the minor (last) axis of the {name} entry "
+                        f"{e}")
+        return name, None
+    return "nowhere", None
+
+  x_names = [f"batch {i}" for i in range(nb)] + ["M", "K"]
+  w_names = [f"batch {i}" for i in range(w_ndim - 2)] + ["K", "N"]
+  o_names = [f"batch {i}" for i in range(nb)] + ["M", "N"]
+  tx, err = where(xe, x_names, "x")
+  if err:
+    return no(err)
+  tw, err = where(we, w_names, "w")
+  if err:
+    return no(err)
+  to = None
+  if oe is not None:
+    to, err = where(oe, o_names, "out_sharding")
+    if err:
+      return no(err)
+
+  shown = f"x {_spec(xe)}, w {_spec(we)}"
+  if (tx, tw) == ("M", "N"):
+    family = "all_gather"
+  elif (tx, tw) == ("K", "K"):
+    family = "reduce_scatter"
+  else:
+    return no(
+        f"{shown}: no collective matmul for {axis!r} on x's {tx} and w's {tw}; the rules "
+        f"need x rows ({axis!r} on M) and w columns ({axis!r} on N) sharded (AllGather), or "
+        f"both sharded on the contraction K (ReduceScatter)")
+
+  batch = xe[:nb]
+  if w_ndim > 2 and list(we[:nb]) != list(batch):
+    return no(f"{shown}: a batched w must be sharded like x on the batch dims")
+  xk, wk = xe[-1], we[-2]
+  if xk != wk:
+    return no(f"{shown}: x and w must be sharded alike on the contraction K")
+  psum_axes = tuple(a for a in xk if a != axis)
+
+  if family == "all_gather":
+    rows_other, cols_other = xe[-2][:-1], we[-1][:-1]
+    candidates = {"N": (AG_A, batch + [rows_other, we[-1]]),
+                  "M": (AG_B, batch + [xe[-2], cols_other])}
+    default = "N"
+  else:
+    candidates = {"M": (RS_A, batch + [xe[-2] + (axis,), we[-1]]),
+                  "N": (RS_B, batch + [xe[-2], we[-1] + (axis,)])}
+    default = "M"
+  if oe is None:
+    to = default
+  if to not in candidates:
+    return no(f"{shown}: the output must be sharded over {axis!r} on M or N, but "
+              f"out_sharding {_spec(oe)} has it on {to}")
+  schedule, out = candidates[to]
+  used = [a for e in out for a in e]
+  if len(used) != len(set(used)):
+    return no(f"{shown}: the output of {schedule.name} would be sharded as {out}, which uses "
+              "a mesh axis twice")
+  if oe is not None and _trim(_spec(oe)) != _trim(_spec(out)):
+    return no(f"{shown}: out_sharding {_spec(oe)} asks for {schedule.name} but that gives "
+              f"{_spec(out)} (mesh axes other than {axis!r} pass through from x and w)")
+  return Plan(schedule, _spec(xe), _spec(we), _spec(out), psum_axes)
+
+
+# -- Per-shard bodies -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+  axis: str
+  alpha: float
+  out_dtype: jnp.dtype
+  implementation: str | None
+  timeout_ms: int | None
+
+
+def _fused_body(p: Plan, o: _Options):
+  """The per-shard function of a plan with a schedule (the shard_map / partition body)."""
+
+  def body(x, w):
+    dtype = jnp.float32 if p.psum_axes else o.out_dtype  # sum partials in fp32
+    out = api.distributed_matmul(x, w, axis_name=o.axis, schedule=p.schedule, alpha=o.alpha,
+                                 out_dtype=dtype, implementation=o.implementation,
+                                 timeout_ms=o.timeout_ms)
+    if p.psum_axes:
+      out = jax.lax.psum(out, p.psum_axes).astype(o.out_dtype)
+    return out
+  return body
+
+
+def _dot(x, w, o: _Options):
+  acc = matmul_f32(x, w)
+  return (acc if o.alpha == 1.0 else o.alpha * acc).astype(o.out_dtype)
+
+
+def _plain_dot(x, w, o: _Options, out_sharding):
+  """fallback="dot" (Auto axes): XLA's partitioner inserts whatever collectives it needs."""
+  out = _dot(x, w, o)
+  return out if out_sharding is None else jax.lax.with_sharding_constraint(out, out_sharding)
+
+
+def _explicit_dot(x, w, o: _Options, out_spec, mesh):
+  """fallback="dot" (Explicit axes): reshard to the dot plan, local dot + psum, then out."""
+  d = _dot_plan(jax.typeof(x).sharding.spec, jax.typeof(w).sharding.spec, x.ndim, w.ndim)
+  x, w = jax.sharding.reshard(x, d.x_spec), jax.sharding.reshard(w, d.w_spec)
+  out = jax.shard_map(_dot_body(d, o), mesh=mesh, in_specs=(d.x_spec, d.w_spec),
+                      out_specs=d.out_spec)(x, w)
+  return out if out_spec is None else jax.sharding.reshard(out, out_spec)
+
+
+def _is_explicit(a, axis: str) -> bool:
+  mesh = getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
+  if mesh is None or axis not in getattr(mesh, "axis_names", ()):
+    return False
+  return dict(zip(mesh.axis_names, mesh.axis_types))[axis] == jax.sharding.AxisType.Explicit
+
+
+# -- Reading shardings --------------------------------------------------------------------------------
+
+def _known_spec(a, axis):
+  """(spec, mesh) of `a` if its sharding is known at trace time, else None."""
+  if not isinstance(a, core.Tracer):
+    s = getattr(a, "sharding", None)
+    if isinstance(s, NamedSharding):
+      return s.spec, s.mesh
+    return P(), None  # a numpy array or a single-device array: not sharded
+  if not _is_explicit(a, axis):
+    return None  # Auto axes: the tracer does not know its sharding
+  s = jax.typeof(a).sharding
+  return s.spec, s.mesh
+
+
+def _context_mesh():
+  mesh = mesh_lib.get_concrete_mesh()
+  if mesh is not None and not getattr(mesh, "empty", True):
+    return mesh
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is not None and not mesh.empty:
+    return mesh
+  return None
+
+
+def _out_spec_of(out_sharding):
+  if out_sharding is None:
+    return None, None
+  if isinstance(out_sharding, NamedSharding):
+    return out_sharding.spec, out_sharding.mesh
+  if isinstance(out_sharding, P):
+    return out_sharding, None
+  raise TypeError(
+      f"out_sharding: expected a NamedSharding, a PartitionSpec or None, got "
+      f"{type(out_sharding).__name__}")
+
+
+# -- Public entry point -------------------------------------------------------------------------------
+
+def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
+                      fallback: str = "error", in_specs: Sequence | None = None,
+                      alpha: float = 1.0, out_dtype=None, implementation: str | None = None,
+                      timeout_ms: int | None = None):
+  """out = alpha * x @ w on globally sharded arrays, as the fused collective matmul the
+  shardings call for (the rule table in the module docstring).
+
+  Args:
+    x: [..., M, K], sharded over the mesh.
+    w: [K, N] or [..., K, N] (batch dims like x).
+    mesh: the mesh; default the operands' (or out_sharding's, or the context mesh of
+      jax.set_mesh).
+    axis: the tensor-parallel mesh axis (the only one the op communicates over).
+    out_sharding: NamedSharding or PartitionSpec wanted for out; None: the default of the
+      table (N sharded after an AllGather, M after a ReduceScatter).
+    fallback: "error" (a ValueError saying which rule failed) or "dot" (the plain XLA dot,
+      with whatever collectives XLA inserts) when no schedule fits.
+    in_specs: (x_spec, w_spec) PartitionSpecs, for operands whose sharding is not known at
+      trace time (inside jax.jit with Auto mesh axes); shard_map reshards operands to them.
+    alpha: static scalar multiplying x @ w.
+    out_dtype: output dtype (default x.dtype).
+    implementation: "ffi", "xla", "reference" or None (see distributed_matmul).
+    timeout_ms: bound on every wait for a peer (FFI path).
+
+  Returns:
+    out [..., M, N], sharded as the plan says (out_sharding when given).
+  """
+  if fallback not in FALLBACKS:
+    raise ValueError(f"fallback: expected one of {FALLBACKS}, got {fallback!r}")
+  if not isinstance(axis, str):
+    raise TypeError(f"axis: expected one mesh axis name (a str), got {axis!r}")
+  x_ndim, w_ndim = jnp.ndim(x), jnp.ndim(w)
+  if x_ndim < 2 or w_ndim < 2:
+    raise ValueError(f"x, w: need rank >= 2, got shapes {jnp.shape(x)} and {jnp.shape(w)}")
+  o = _Options(axis=axis, alpha=float(alpha), out_dtype=jnp.dtype(out_dtype or x.dtype),
+               implementation=implementation, timeout_ms=timeout_ms)
+  out_spec, out_mesh = _out_spec_of(out_sharding)
+
+  if in_specs is not None:
+    x_spec, w_spec = in_specs
+    known = (x_spec, None), (w_spec, None)
+  else:
+    known = _known_spec(x, axis), _known_spec(w, axis)
+  if known[0] is None or known[1] is None:
+    return _auto(x, w, out_spec, out_sharding, fallback, o, mesh or out_mesh)
+
+  (x_spec, x_mesh), (w_spec, w_mesh) = known
+  mesh = mesh or x_mesh or w_mesh or out_mesh or _context_mesh()
+  if mesh is None:
+    raise ValueError("mesh: not given and none could be found (operands are not sharded "
+                     "with a NamedSharding and no mesh is set with jax.set_mesh)")
+  if axis not in mesh.axis_names:
+    raise ValueError(f"axis: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
+  p = plan(x_spec, w_spec, out_spec, x_ndim=x_ndim, w_ndim=w_ndim, axis=axis)
+  if p.schedule is None:
+    if fallback == "error":
+      raise ValueError(f"jax_distgemm.collective_matmul: {p.reason} (pass fallback='dot' to "
+                       "use the plain XLA dot instead)")
+    return _explicit_dot(x, w, o, out_spec, mesh) if _is_explicit(x, axis) else _plain_dot(
+        x, w, o, None if out_spec is None else NamedSharding(mesh, out_spec))
+  return _shard_mapped(p, o, mesh)(x, w)
+
+
+@functools.lru_cache(maxsize=256)
+def _shard_mapped(p: Plan, o: _Options, mesh):
+  # Under jax.jit even when called eagerly: an eager shard_map compiles each primitive on its
+  # own, and that compile of the FFI primitive crashes XLA:CPU (jax 0.11.2).
+  return jax.jit(jax.shard_map(_fused_body(p, o), mesh=mesh, in_specs=(p.x_spec, p.w_spec),
+                               out_specs=p.out_spec))
+
+
+# -- Automatic partitioning (custom_partitioning + Shardy) ----------------------------------------
+
+# Separate factors for out's M, N (m n) and x's / w's (i j): Shardy must not propagate x's row
+# sharding to out's rows (RotatingA gathers it) nor w's columns to out's (RotatingB does); the
+# contraction k and the batch dims (...) are shared.  The backward's ops take a third operand,
+# `like` (unused by the math), whose sharding is the one wanted for the result (p q: its own
+# factors, so that it is never resharded).
+SHARDING_RULES = {
+    (False, False): "... i k, k j -> ... m n",
+    (True, False): "... i k, ... k j -> ... m n",
+    (False, True): "... i k, k j, ... p q -> ... m n",
+    (True, True): "... i k, ... k j, ... p q -> ... m n",
+}
+
+_call_sites = itertools.count(1)  # distinct rendezvous keys per partitioned op (primitives.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AutoConfig:
+  options: _Options
+  out_spec: P | None  # requested by the caller (None: the result sharding Shardy gives)
+  fallback: str
+  w_batched: bool
+  with_like: bool = False  # out_spec is that of a third operand (the backward's ops)
+
+
+def _dot_plan(x_spec, w_spec, x_ndim: int, w_ndim: int) -> Plan:
+  """Shardings under which the plain dot is local up to a psum (fallback="dot").
+
+  Batch and rows keep x's sharding; the contraction keeps the axes x and w share (the common
+  prefix of their K entries: partial sums, psum'd); w's columns keep theirs unless an axis is
+  taken already.  The rest is replicated, so XLA gathers only what the dot really needs: for
+  the backward of RotatingA, dw = xT @ g gathers x over "tp" and psums over "data".
+  """
+  xe, we = _entries(x_spec, x_ndim, "x"), _entries(w_spec, w_ndim, "w")
+  nb = x_ndim - 2
+  batch = xe[:nb]
+  k = tuple(itertools.takewhile(lambda ab: ab[0] == ab[1], zip(xe[-1], we[-2])))
+  k = tuple(a for a, _ in k)
+  used = {a for e in batch + [xe[-2], k] for a in e}
+  cols = we[-1] if not used & set(we[-1]) else ()
+  x_out = _spec(batch + [xe[-2], k])
+  w_out = _spec((batch if w_ndim > 2 else []) + [k, cols])
+  return Plan(None, x_out, w_out, _spec(batch + [xe[-2], cols]), psum_axes=k)
+
+
+def _dot_body(p: Plan, o: _Options):
+  def body(x, w, *unused_like):
+    if not p.psum_axes:
+      return _dot(x, w, o)
+    return jax.lax.psum(_dot(x, w, dataclasses.replace(o, out_dtype=jnp.float32)),
+                        p.psum_axes).astype(o.out_dtype)
+  return body
+
+
+def _partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
+  o = cfg.options
+  xs, ws = arg_shapes[:2]
+  x_spec, w_spec = xs.sharding.spec, ws.sharding.spec
+  out_spec = cfg.out_spec
+  if cfg.with_like:
+    out_spec = arg_shapes[2].sharding.spec
+  elif out_spec is None:
+    result = result_shape.sharding.spec
+    if any(o.axis in e for e in _entries(result, len(result_shape.shape), "out")):
+      out_spec = result  # else unconstrained (replicated): the table's default
+  p = plan(x_spec, w_spec, out_spec, x_ndim=len(xs.shape), w_ndim=len(ws.shape), axis=o.axis)
+  named = lambda s: NamedSharding(mesh, s)
+  like = (arg_shapes[2].sharding,) if cfg.with_like else ()
+  if p.schedule is not None:
+    body = _fused_body(p, o)
+    site = next(_call_sites)
+
+    def lower_fn(x, w, *unused_like):
+      with primitives.call_site(site):
+        return body(x, w)
+    return mesh, lower_fn, named(p.out_spec), (named(p.x_spec), named(p.w_spec)) + like
+  if cfg.fallback == "error":
+    raise ValueError(f"jax_distgemm.collective_matmul: {p.reason} (pass fallback='dot' to use "
+                     "the plain XLA dot instead)")
+  d = _dot_plan(x_spec, w_spec, len(xs.shape), len(ws.shape))
+  return (mesh, _dot_body(d, o), named(d.out_spec), (named(d.x_spec), named(d.w_spec)) + like)
+
+
+@functools.lru_cache(maxsize=None)
+def _auto_op(cfg: _AutoConfig):
+  """The custom_partitioning op of one configuration (its partition callback is the table)."""
+
+  def math(x, w, *unused_like):
+    return _dot(x, w, cfg.options)  # the global meaning (also the unpartitioned lowering)
+
+  op = custom_partitioning(math)
+  op.def_partition(partition=functools.partial(_partition, cfg),
+                   sharding_rule=SHARDING_RULES[(cfg.w_batched, cfg.with_like)])
+  return op
+
+
+def _fold_batch(xt, g):
+  """[B.., K, M] and [B.., M, N] -> [K, B*M] and [B*M, N] (dw of a 2-D w sums over B)."""
+  k, n = xt.shape[-2], g.shape[-1]
+  return jnp.moveaxis(xt, -2, 0).reshape(k, -1), g.reshape(-1, n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _auto_matmul(x, w, cfg: _AutoConfig):
+  return _auto_op(cfg)(x, w)
+
+
+def _auto_matmul_fwd(x, w, cfg):
+  return _auto_matmul(x, w, cfg), (x, w)
+
+
+def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
+  """dx = g @ wT and dw = xT @ g as two more partitioned ops, each asked for the sharding of
+  its primal: where that is a collective-matmul layout (the dual of the forward's schedule)
+  the partitioner emits the fused op, elsewhere the plain dot (XLA's collectives)."""
+  x, w = res
+  g = g.astype(x.dtype)
+  t = lambda a: jnp.swapaxes(a, -1, -2)
+
+  def op(a, b, like, dtype):
+    c = dataclasses.replace(cfg, options=dataclasses.replace(cfg.options, out_dtype=dtype),
+                            out_spec=None, fallback="dot", w_batched=b.ndim > 2,
+                            with_like=True)
+    return _auto_matmul_like(a, b, like, c)
+
+  dx = op(g, t(w), x, x.dtype)
+  if w.ndim > 2 or x.ndim == 2:
+    dw = op(t(x), g, w, w.dtype)
+  else:
+    xt, gf = _fold_batch(t(x), g)
+    dw = op(xt, gf, w, w.dtype)
+  return dx, dw
+
+
+_auto_matmul.defvjp(_auto_matmul_fwd, _auto_matmul_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _auto_matmul_like(a, b, like, cfg: _AutoConfig):
+  return _auto_op(cfg)(a, b, like)
+
+
+def _auto_matmul_like_fwd(a, b, like, cfg):
+  return _auto_matmul_like(a, b, like, cfg), (a, b, like)
+
+
+def _auto_matmul_like_bwd(cfg, res, g):
+  a, b, like = res  # grad of grad: the same construction again, `like` gets a zero cotangent
+  base = dataclasses.replace(cfg, with_like=False)
+  da, db = _auto_matmul_bwd(base, (a, b), g)
+  return da, db, jnp.zeros_like(like)
+
+
+_auto_matmul_like.defvjp(_auto_matmul_like_fwd, _auto_matmul_like_bwd)
+
+
+def _auto(x, w, out_spec, out_sharding, fallback: str, o: _Options, mesh):
+  """The custom_partitioning path: the rule table runs in the partition callback."""
+  if jnp.ndim(w) > 2 and jnp.shape(w)[:-2] != jnp.shape(x)[:-2]:
+    raise ValueError(f"w: batch dims {jnp.shape(w)[:-2]} must equal those of x "
+                     f"{jnp.shape(x)[:-2]}")
+  cfg = _AutoConfig(options=o, out_spec=None if out_spec is None else _trim(out_spec),
+                    fallback=fallback, w_batched=jnp.ndim(w) > 2)
+  out = _auto_matmul(x, w, cfg)
+  if out_sharding is not None:
+    if isinstance(out_sharding, P):
+      mesh = mesh or _context_mesh()
+      if mesh is None:
+        raise ValueError("out_sharding: a PartitionSpec needs mesh= (or jax.set_mesh)")
+      out_sharding = NamedSharding(mesh, out_sharding)
+    out = jax.lax.with_sharding_constraint(out, out_sharding)
+  return out

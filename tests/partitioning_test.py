@@ -1,0 +1,345 @@
+"""jit-level entry point (jax_distgemm.collective_matmul) on 8 fake CPU devices.
+
+The rule table (jax_distgemm/_src/partitioning.py) on PartitionSpecs alone; then every
+schedule end to end on a 1-D "tp" mesh and a 2x4 ("data", "tp") mesh, through the explicit
+shard_map path (concrete NamedSharding'd arrays, in_specs=, Explicit mesh axes) and the
+automatic one (custom_partitioning with a Shardy rule inside jax.jit), with HLO assertions,
+errors and the plain-dot fallback, and gradients.
+"""
+
+from __future__ import annotations
+
+import test_util  # noqa: I001  (first: configures JAX before it initializes)
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_distgemm
+from jax_distgemm import Schedule
+from jax_distgemm._src import partitioning
+
+AG_A, AG_B, RS_A, RS_B = tuple(Schedule)
+B, M, K, N = 4, 16, 32, 24  # global; M, N, K divisible by 8; B by 2
+
+
+def mesh_2x4(axis_types=(AxisType.Auto, AxisType.Auto)):
+  return jax.make_mesh((2, 4), ("data", "tp"), devices=test_util.cpu_devices(8),
+                       axis_types=axis_types)
+
+
+def layout(schedule: Schedule, data: bool):
+  """(x_spec, w_spec, out_spec) of [B, M, K] @ [K, N] for `schedule`; B over "data" if data."""
+  b = "data" if data else None
+  if schedule.is_all_gather:
+    x, w = P(b, "tp", None), P(None, "tp")
+  else:
+    x, w = P(b, None, "tp"), P("tp", None)
+  out = {AG_A: P(b, None, "tp"), AG_B: P(b, "tp", None), RS_A: P(b, "tp", None),
+         RS_B: P(b, None, "tp")}[schedule]
+  return x, w, out
+
+
+def put(mesh, x_spec, w_spec, seed=0, x_shape=(B, M, K), w_shape=(K, N)):
+  x, w, _ = test_util.random_inputs(seed, x_shape, w_shape, jnp.float32)
+  return (x, w), (jax.device_put(x, NamedSharding(mesh, x_spec)),
+                  jax.device_put(w, NamedSharding(mesh, w_spec)))
+
+
+def counts(f, *args):
+  return test_util.collectives_in_hlo(jax.jit(f).lower(*args).compile().as_text())
+
+
+class RuleTableTest(parameterized.TestCase):
+  """partitioning.plan on PartitionSpecs only."""
+
+  def check(self, x, w, out, schedule, out_spec=None, psum=(), x_ndim=3, w_ndim=2):
+    p = partitioning.plan(x, w, out, x_ndim=x_ndim, w_ndim=w_ndim)
+    self.assertEqual(p.schedule, schedule, p.reason)
+    if out_spec is not None:
+      self.assertEqual(partitioning._trim(p.out_spec), partitioning._trim(out_spec))
+    self.assertEqual(p.psum_axes, psum)
+    return p
+
+  @parameterized.product(schedule=tuple(Schedule), data=(False, True))
+  def test_the_four_rows(self, schedule, data):
+    x, w, out = layout(schedule, data)
+    self.check(x, w, out, schedule, out_spec=out)
+
+  def test_defaults_when_out_is_not_given(self):
+    self.check(P(None, "tp", None), P(None, "tp"), None, AG_A, out_spec=P(None, None, "tp"))
+    self.check(P(None, None, "tp"), P("tp", None), None, RS_A, out_spec=P(None, "tp", None))
+
+  def test_other_axes_pass_through(self):
+    # Rows sharded over ("data", "tp"): the gather is over tp only, out rows stay on data.
+    self.check(P(("data", "tp"), None), P(None, "tp"), P("data", "tp"), AG_A, x_ndim=2)
+    self.check(P(("data", "tp"), None), P(None, "tp"), P(("data", "tp"), None), AG_B,
+               x_ndim=2)
+    # w columns over ("pipe", "tp") for RotatingB: out columns keep "pipe".
+    self.check(P("tp", None), P(None, ("pipe", "tp")), P("tp", "pipe"), AG_B, x_ndim=2)
+    # ReduceScatter rows: out rows are x's rows then tp.
+    self.check(P("data", None, "tp"), P("tp", None), P("data", "tp", None), RS_A)
+    self.check(P(None, "data", "tp"), P("tp", None), P(None, ("data", "tp"), None), RS_A)
+    # A batched w sharded like x on the batch dims.
+    self.check(P("data", "tp", None), P("data", None, "tp"), P("data", None, "tp"), AG_A,
+               w_ndim=3)
+
+  def test_contraction_over_other_axes_is_psummed(self):
+    self.check(P(None, ("data", "tp")), P(("data", "tp"), None), P("tp", None), RS_A,
+               psum=("data",), x_ndim=2)
+    self.check(P("tp", "data"), P("data", "tp"), P(None, "tp"), AG_A, psum=("data",),
+               x_ndim=2)
+
+  @parameterized.named_parameters(
+      ("tp_on_batch", P("tp", None, None), P(None, "tp"), None, "x's batch 0"),
+      ("x_rows_w_contraction", P(None, "tp", None), P("tp", None), None, "x's M and w's K"),
+      ("x_contraction_w_cols", P(None, None, "tp"), P(None, "tp"), None, "x's K and w's N"),
+      ("replicated", P(), P(), None, "nowhere"),
+      ("tp_not_minor", P(None, ("tp", "data"), None), P(None, "tp"), None, "minor"),
+      ("contraction_differs", P(None, None, ("data", "tp")), P("tp", None), None,
+       "sharded alike on the contraction"),
+      ("out_replicated", P(None, "tp", None), P(None, "tp"), P(), "out_sharding"),
+      ("out_on_batch", P(None, None, "tp"), P("tp", None), P("tp", None, None), "out_sharding"),
+      ("out_other_axes_differ", P(None, "tp", None), P(None, "tp"), P("data", None, "tp"),
+       "pass through"),
+      ("axis_used_twice", P(None, ("data", "tp"), None), P(None, ("data", "tp")),
+       P(None, "tp", "data"), "twice"),
+  )
+  def test_no_rule(self, x, w, out, message):
+    p = partitioning.plan(x, w, out, x_ndim=3, w_ndim=2)
+    self.assertIsNone(p.schedule)
+    self.assertIn(message, p.reason)
+
+  def test_batched_w_must_match_x(self):
+    p = partitioning.plan(P("data", "tp", None), P(None, None, "tp"), None, x_ndim=3, w_ndim=3)
+    self.assertIsNone(p.schedule)
+    self.assertIn("batched w", p.reason)
+
+  def test_dot_plan_gathers_only_what_the_dot_needs(self):
+    # Backward of RotatingA, dw = xT @ g: x re-gathered over tp, partial sums over data.
+    d = partitioning._dot_plan(P(None, ("data", "tp")), P("data", "tp"), 2, 2)
+    self.assertEqual(d.x_spec, P(None, "data"))
+    self.assertEqual(d.w_spec, P("data", "tp"))
+    self.assertEqual(d.out_spec, P(None, "tp"))
+    self.assertEqual(d.psum_axes, ("data",))
+
+
+class ExplicitPathTest(parameterized.TestCase):
+  """Shardings known at trace time: one jax.shard_map over the whole mesh."""
+
+  @parameterized.product(schedule=tuple(Schedule), mesh_kind=("1d", "2x4"),
+                         implementation=("ffi", "xla"))
+  def test_concrete_arrays(self, schedule, mesh_kind, implementation):
+    mesh = test_util.mesh_1d(8) if mesh_kind == "1d" else mesh_2x4()
+    x_spec, w_spec, out_spec = layout(schedule, data=mesh_kind == "2x4")
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    out = jax_distgemm.collective_matmul(xd, wd, out_sharding=NamedSharding(mesh, out_spec),
+                                         implementation=implementation)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+    self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 3),
+                    out.sharding)
+    # The same call under jit with in_specs: HLO holds the fused op and no XLA gather/scatter.
+    f = lambda a, b: jax_distgemm.collective_matmul(
+        a, b, in_specs=(x_spec, w_spec), out_sharding=NamedSharding(mesh, out_spec),
+        implementation=implementation)
+    c = counts(f, xd, wd)
+    self.assertEqual(c["all-gather"] + c["reduce-scatter"] + c["all-reduce"], 0, c)
+    if implementation == "ffi":
+      self.assertEqual(c["jax_distgemm"], 1, c)
+    else:
+      tp = mesh.shape["tp"]
+      self.assertEqual(c["collective-permute"], tp - 1, c)  # the ring: TP - 1 shifts
+      self.assertEqual(c["jax_distgemm"], 0, c)
+
+  def test_pspec_out_sharding_and_default(self):
+    mesh = test_util.mesh_1d(8)
+    (x, w), (xd, wd) = put(mesh, P(None, None, "tp"), P("tp", None))
+    ref = test_util.reference_np(x, w)
+    out = jax_distgemm.collective_matmul(xd, wd, out_sharding=P(None, None, "tp"))
+    self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, P(None, None, "tp")), 3))
+    self.assertLess(test_util.rel_err(out, ref), 1e-5)
+    out = jax_distgemm.collective_matmul(xd, wd)  # default for the ReduceScatter family: rows
+    self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "tp")), 3))
+    self.assertLess(test_util.rel_err(out, ref), 1e-5)
+
+  def test_alpha_out_dtype_and_batched_w(self):
+    mesh = mesh_2x4()
+    (x, w), (xd, wd) = put(mesh, P("data", "tp", None), P("data", None, "tp"),
+                           w_shape=(B, K, N))
+    out = jax_distgemm.collective_matmul(xd, wd, alpha=-0.5, out_dtype=jnp.bfloat16)
+    self.assertEqual(out.dtype, jnp.bfloat16)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w, alpha=-0.5)), 1e-2)
+
+  def test_no_rule_raises_a_clear_error(self):
+    mesh = test_util.mesh_1d(8)
+    _, (xd, wd) = put(mesh, P(None, "tp", None), P("tp", None))
+    with self.assertRaisesRegex(ValueError, r"x's M and w's K.*fallback='dot'"):
+      jax_distgemm.collective_matmul(xd, wd)
+    with self.assertRaisesRegex(ValueError, "fallback: expected"):
+      jax_distgemm.collective_matmul(xd, wd, fallback="psum")
+
+  @parameterized.parameters("1d", "2x4")
+  def test_fallback_dot(self, mesh_kind):
+    mesh = test_util.mesh_1d(8) if mesh_kind == "1d" else mesh_2x4()
+    (x, w), (xd, wd) = put(mesh, P(None, "tp", None), P("tp", None))
+    out_sharding = NamedSharding(mesh, P(None, None, "tp"))
+    out = jax_distgemm.collective_matmul(xd, wd, out_sharding=out_sharding, fallback="dot")
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+    self.assertTrue(out.sharding.is_equivalent_to(out_sharding, 3), out.sharding)
+    c = counts(lambda a, b: jax_distgemm.collective_matmul(
+        a, b, in_specs=(P(None, "tp", None), P("tp", None)), out_sharding=out_sharding,
+        fallback="dot"), xd, wd)
+    self.assertEqual(c["jax_distgemm"], 0, c)
+
+  def test_mesh_errors(self):
+    mesh = test_util.mesh_1d(8)
+    x, w, _ = test_util.random_inputs(0, (M, K), (K, N), jnp.float32)
+    with self.assertRaisesRegex(ValueError, "mesh: not given"):
+      jax_distgemm.collective_matmul(np.asarray(x), np.asarray(w))
+    _, (xd, wd) = put(mesh, P("tp", None), P(None, "tp"), x_shape=(M, K))
+    with self.assertRaisesRegex(ValueError, "'model' is not an axis"):
+      jax_distgemm.collective_matmul(xd, wd, axis="model")
+
+  @parameterized.parameters(*Schedule)
+  def test_explicit_mesh_axes(self, schedule):
+    """Inside jit with Explicit axes the tracers carry their shardings: shard_map path."""
+    mesh = mesh_2x4(axis_types=(AxisType.Explicit,) * 2)
+    x_spec, w_spec, out_spec = layout(schedule, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    with jax.set_mesh(mesh):
+      f = jax.jit(lambda a, b: jax_distgemm.collective_matmul(a, b, out_sharding=out_spec))
+      out = f(xd, wd)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+      self.assertEqual(partitioning._trim(out.sharding.spec), partitioning._trim(out_spec))
+      c = counts(f, xd, wd)
+      self.assertEqual((c["jax_distgemm"], c["all-gather"], c["reduce-scatter"]), (1, 0, 0), c)
+      # The plain-dot fallback in Explicit mode (replicated output requested).
+      out = jax.jit(lambda a, b: jax_distgemm.collective_matmul(
+          a, b, out_sharding=P("data"), fallback="dot"))(xd, wd)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+
+
+class AutoPartitioningTest(parameterized.TestCase):
+  """Inside jax.jit with Auto axes: custom_partitioning + Shardy sharding_rule."""
+
+  @parameterized.product(schedule=tuple(Schedule), mesh_kind=("1d", "2x4"),
+                         implementation=("ffi", "xla"))
+  def test_partitions_into_the_fused_op(self, schedule, mesh_kind, implementation):
+    mesh = test_util.mesh_1d(8) if mesh_kind == "1d" else mesh_2x4()
+    x_spec, w_spec, out_spec = layout(schedule, data=mesh_kind == "2x4")
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+
+    # No shard_map in user code: NamedSharding'd inputs and a constraint on the output.
+    def f(a, b):
+      y = jax_distgemm.collective_matmul(a, b, implementation=implementation)
+      return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, out_spec))
+
+    jf = jax.jit(f)
+    hlo = jf.lower(xd, wd).as_text()
+    self.assertIn("CustomSPMDPartitioning", hlo)  # the partitioner's callback decides
+    self.assertIn("sdy.sharding_rule", hlo)
+    c = counts(f, xd, wd)
+    self.assertEqual(c["all-gather"] + c["reduce-scatter"] + c["all-reduce"], 0, c)
+    self.assertEqual(c["jax_distgemm"], 1 if implementation == "ffi" else 0, c)
+    for seed in range(2):
+      (x, w), (xd, wd) = put(mesh, x_spec, w_spec, seed=seed)
+      out = jf(xd, wd)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+      self.assertEqual(partitioning._trim(out.sharding.spec), partitioning._trim(out_spec))
+
+  def test_out_sharding_argument(self):
+    mesh = test_util.mesh_1d(8)
+    (x, w), (xd, wd) = put(mesh, P(None, "tp", None), P(None, "tp"))
+    f = lambda a, b: jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, P(None, "tp", None)))
+    c = counts(f, xd, wd)
+    self.assertEqual((c["jax_distgemm"], c["all-gather"]), (1, 0), c)  # RotatingB
+    self.assertLess(test_util.rel_err(jax.jit(f)(xd, wd), test_util.reference_np(x, w)), 1e-5)
+
+  def test_no_rule_fails_compilation_with_the_reason(self):
+    mesh = test_util.mesh_1d(8)
+    _, (xd, wd) = put(mesh, P(None, "tp", None), P("tp", None))
+    f = jax.jit(lambda a, b: jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, P(None, None, "tp"))))
+    with self.assertRaisesRegex(Exception, "no collective matmul for 'tp' on x's M and w's K"):
+      f(xd, wd)
+
+  def test_fallback_dot(self):
+    mesh = mesh_2x4()
+    (x, w), (xd, wd) = put(mesh, P("data", "tp", None), P("tp", None))
+    f = lambda a, b: jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, P("data", None, "tp")), fallback="dot")
+    self.assertLess(test_util.rel_err(jax.jit(f)(xd, wd), test_util.reference_np(x, w)), 1e-5)
+    self.assertEqual(counts(f, xd, wd)["jax_distgemm"], 0)
+
+  def test_two_ops_get_distinct_rendezvous_keys(self):
+    mesh = test_util.mesh_1d(8)
+    (x, w), (xd, wd) = put(mesh, P(None, "tp", None), P(None, "tp"))
+    out = NamedSharding(mesh, P(None, None, "tp"))
+    f = jax.jit(lambda a, b: (jax_distgemm.collective_matmul(a, b, out_sharding=out),
+                              jax_distgemm.collective_matmul(a, 2 * b, out_sharding=out)))
+    ids = re.findall(r"call_id = (\d+)", f.lower(xd, wd).compile().as_text())
+    self.assertLen(ids, 2)
+    self.assertLen(set(ids), 2, ids)
+    y1, y2 = f(xd, wd)
+    ref = test_util.reference_np(x, w)
+    self.assertLess(test_util.rel_err(y1, ref), 1e-5)
+    self.assertLess(test_util.rel_err(y2, 2 * ref), 1e-5)
+
+
+class GradientTest(parameterized.TestCase):
+
+  def loss(self, mesh, out_spec, **kw):
+    def f(a, b):
+      y = jax_distgemm.collective_matmul(a, b, out_sharding=NamedSharding(mesh, out_spec), **kw)
+      return jnp.sum(jnp.sin(y) * jnp.cos(jnp.arange(y.size).reshape(y.shape)))
+    return f
+
+  def reference_grads(self, x, w):
+    f = lambda a, b: jnp.sum(jnp.sin(a @ b) * jnp.cos(jnp.arange(B * M * N).reshape(B, M, N)))
+    return jax.grad(f, (0, 1))(x, w)
+
+  @parameterized.product(schedule=tuple(Schedule), path=("in_specs", "auto"))
+  def test_grads_2x4(self, schedule, path):
+    mesh = mesh_2x4()
+    x_spec, w_spec, out_spec = layout(schedule, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    kw = dict(in_specs=(x_spec, w_spec)) if path == "in_specs" else {}
+    g = jax.jit(jax.grad(self.loss(mesh, out_spec, implementation="ffi", **kw), (0, 1)),
+                out_shardings=(xd.sharding, wd.sharding))
+    for got, want in zip(g(xd, wd), self.reference_grads(x, w)):
+      self.assertLess(test_util.rel_err(got, np.asarray(want)), 1e-5)
+    c = counts(g, xd, wd)
+    # Forward fused; the backward's dual is fused too except where x carries a batch dim into
+    # RotatingB's dw on the auto path (xT's folded B*M rows cannot be sharded (data, tp)).
+    fused = 1 if (path == "auto" and schedule == AG_B) else 2
+    self.assertEqual(c["jax_distgemm"], fused, c)
+    self.assertEqual(c["reduce-scatter"], 0, c)
+    self.assertEqual(c["all-reduce"], 1, c)  # dw summed over "data"
+
+  @parameterized.parameters(*Schedule)
+  def test_grads_1d_auto_unbatched(self, schedule):
+    mesh = test_util.mesh_1d(8)
+    x_spec, w_spec, out_spec = layout(schedule, data=False)
+    x_spec, out_spec = P(*x_spec[1:]), P(*out_spec[1:])  # no batch dim
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec, x_shape=(M, K))
+    f = lambda a, b: jnp.sum(jnp.sin(jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, out_spec), implementation="ffi")))
+    g = jax.jit(jax.grad(f, (0, 1)), out_shardings=(xd.sharding, wd.sharding))
+    want = jax.grad(lambda a, b: jnp.sum(jnp.sin(a @ b)), (0, 1))(x, w)
+    for got, ref in zip(g(xd, wd), want):
+      self.assertLess(test_util.rel_err(got, np.asarray(ref)), 1e-5)
+    c = counts(g, xd, wd)
+    self.assertEqual(c["jax_distgemm"], 2, c)  # forward + its dual, picked by the partitioner
+    self.assertEqual(c["reduce-scatter"], 0, c)
+
+
+if __name__ == "__main__":
+  absltest.main()
