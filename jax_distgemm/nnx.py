@@ -1,0 +1,195 @@
+"""Flax NNX tensor-parallel linear layers backed by the collective matmuls.
+
+Megatron-style sequence parallelism on a mesh with a tensor-parallel axis ("tp") and,
+optionally, a data-parallel one ("data"); activations are [batch, seq, features] (any number of
+leading dims; the first is data-sharded when the mesh has the batch axis):
+
+  layer                  input                     kernel            output
+  ColumnParallelLinear   [B, S/tp, in]  (seq-par)  [in, out/tp]      [B, S, out/tp]
+                         AllGather1D_TilingCD_RotatingA: out = AG_seq(x) @ kernel (+ bias/tp)
+  RowParallelLinear      [B, S, in/tp]             [in/tp, out]      [B, S/tp, out]  (seq-par)
+                         ReduceScatter1D_TilingA_RotatingC: out = RS_seq(x @ kernel) (+ bias)
+
+so Column -> activation -> Row is the Megatron MLP block (`ParallelMLP`) with no other
+collective: its output has its input's layout.  Gradients go through the custom VJP of the ops
+(the backward of each layer runs the other layer's fused collective).  Parameters carry their
+sharding as metadata (nnx.with_partitioning), so they are created sharded under a mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn import dtypes as nnx_dtypes
+from jax.sharding import PartitionSpec as P
+
+from jax_distgemm._src import api, partitioning
+from jax_distgemm._src.schedules import Schedule
+
+default_kernel_init = nnx.initializers.lecun_normal()
+default_bias_init = nnx.initializers.zeros_init()
+
+
+@functools.lru_cache(maxsize=None)
+def _per_shard_op(implementation) -> Callable:
+  """The injected implementation as fn(x, w, *, axis_name, schedule, out_dtype) per shard."""
+  if implementation is None or isinstance(implementation, str):
+    return functools.partial(api.distributed_matmul, implementation=implementation)
+  if callable(implementation):
+    return implementation
+  raise TypeError(f"implementation: expected a name, None or a callable, got "
+                  f"{implementation!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _sharded_linear(mesh, op, schedule: Schedule, axis: str, x_spec: P, w_spec: P,
+                    b_spec: P | None, out_spec: P, out_dtype):
+  """jit(shard_map(op + bias)) for one layout (jit even when called eagerly: primitives.py's
+  FFI op cannot be compiled on its own by an eager shard_map)."""
+
+  def body(x, w, b):
+    y = op(x, w, axis_name=axis, schedule=schedule, out_dtype=out_dtype)
+    return y if b is None else y + b.astype(y.dtype)
+
+  specs = (x_spec, w_spec, b_spec)
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec))
+
+
+class _ParallelLinear(nnx.Module):
+  """Shared code of the two layers; see their docstrings."""
+
+  schedule: Schedule
+  kernel_sharding: Callable[[str], tuple]
+  bias_sharding: Callable[[str], tuple]
+
+  def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+               dtype: Any = None, param_dtype: Any = jnp.float32,
+               kernel_init=default_kernel_init, bias_init=default_bias_init,
+               implementation: str | None | Callable = None, axis: str = "tp",
+               batch_axis: str | None = "data", mesh: jax.sharding.Mesh | None = None,
+               rngs: nnx.Rngs):
+    self.in_features, self.out_features = int(in_features), int(out_features)
+    self.use_bias, self.dtype, self.param_dtype = use_bias, dtype, param_dtype
+    self.axis, self.batch_axis, self.mesh = axis, batch_axis, mesh
+    self.implementation = implementation
+    _per_shard_op(implementation)  # fail early on a bad value
+    if mesh is not None:
+      self._mesh()  # the axis must be one of the mesh's
+    kinit = nnx.with_partitioning(kernel_init, self.kernel_sharding(axis), mesh=mesh)
+    self.kernel = nnx.Param(kinit(rngs.params(), (self.in_features, self.out_features),
+                                  param_dtype))
+    if use_bias:
+      binit = nnx.with_partitioning(bias_init, self.bias_sharding(axis), mesh=mesh)
+      self.bias = nnx.Param(binit(rngs.params(), (self.out_features,), param_dtype))
+    else:
+      self.bias = None
+
+  def _mesh(self):
+    mesh = self.mesh if self.mesh is not None else jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+      raise ValueError(f"{type(self).__name__}: no mesh; pass mesh= or call it under "
+                       "jax.set_mesh(mesh)")
+    if self.axis not in mesh.axis_names:
+      raise ValueError(f"{type(self).__name__}: axis {self.axis!r} is not an axis of the "
+                       f"mesh {tuple(mesh.axis_names)}")
+    return mesh
+
+  def _x_spec(self, ndim: int, mesh) -> P:
+    if ndim < 2:
+      raise ValueError(f"{type(self).__name__}: input must have rank >= 2 ([..., seq, "
+                       f"features]), got rank {ndim}")
+    batch = [None] * (ndim - 2)
+    if batch and self.batch_axis is not None and self.batch_axis in mesh.axis_names:
+      batch[0] = self.batch_axis
+    return self._input_spec(batch)
+
+  def __call__(self, x):
+    """Applies the layer to x (global array); see the class docstring for the layouts."""
+    mesh = self._mesh()
+    if x.shape[-1] != self.in_features:
+      raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features, the layer "
+                       f"expects {self.in_features}")
+    kernel = self.kernel[...]
+    bias = self.bias[...] if self.bias is not None else None
+    x, kernel, bias = nnx_dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
+    x_spec = self._x_spec(x.ndim, mesh)
+    w_spec = P(*self.kernel_sharding(self.axis))
+    # The rule table of collective_matmul confirms the layer's layout and gives out's spec.
+    p = partitioning.plan(x_spec, w_spec, None, x_ndim=x.ndim, w_ndim=2, axis=self.axis)
+    if p.schedule != self.schedule:
+      raise AssertionError(f"layout {x_spec}, {w_spec} planned as {p.schedule}: {p.reason}")
+    b_spec = P(*self.bias_sharding(self.axis)) if bias is not None else None
+    f = _sharded_linear(mesh, _per_shard_op(self.implementation), self.schedule, self.axis,
+                        x_spec, w_spec, b_spec, p.out_spec, jnp.dtype(x.dtype))
+    return f(x, kernel, bias)
+
+
+class ColumnParallelLinear(_ParallelLinear):
+  """Column-parallel linear layer with a sequence-parallel input (AllGather + GEMM).
+
+  y [..., S, out/tp] = all_gather_seq(x [..., S/tp, in]) @ kernel [in, out/tp] + bias [out/tp]
+  (AllGather1D_TilingCD_RotatingA); the backward runs GEMM + ReduceScatter for dx.
+
+  Args:
+    in_features, out_features: kernel shape [in_features, out_features] (out_features
+      divisible by the tp size; the sequence length by it too).
+    use_bias: add a bias [out_features], sharded like the kernel's columns.
+    dtype: computation (and output) dtype; None promotes the input's and the params' dtypes.
+    param_dtype: dtype of the parameters.
+    kernel_init, bias_init: initializers; the layer adds the sharding metadata
+      (kernel (None, axis), bias (axis,)) with nnx.with_partitioning.
+    implementation: "ffi", "xla", "reference", None (auto), or a callable used per shard as
+      fn(x, w, *, axis_name, schedule, out_dtype), e.g. a functools.partial of
+      jax_distgemm.distributed_matmul.
+    axis: the tensor-parallel mesh axis.
+    batch_axis: the mesh axis the first (batch) dim of the input is sharded over, if the
+      mesh has it and the input has a batch dim; None: replicated batch.
+    mesh: the mesh (default: the one set with jax.set_mesh).
+    rngs: nnx.Rngs for the initializers.
+  """
+
+  schedule = Schedule.AllGather1D_TilingCD_RotatingA
+  kernel_sharding = staticmethod(lambda axis: (None, axis))
+  bias_sharding = staticmethod(lambda axis: (axis,))
+
+  def _input_spec(self, batch):
+    return P(*batch, self.axis, None)
+
+
+class RowParallelLinear(_ParallelLinear):
+  """Row-parallel linear layer with a sequence-parallel output (GEMM + ReduceScatter).
+
+  y [..., S/tp, out] = reduce_scatter_seq(x [..., S, in/tp] @ kernel [in/tp, out]) + bias
+  (ReduceScatter1D_TilingA_RotatingC); the backward runs AllGather + GEMM for dx.  The bias
+  [out] is replicated and added after the reduction.  Arguments as ColumnParallelLinear
+  (in_features is divisible by the tp size, the kernel is sharded (axis, None)).
+  """
+
+  schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+  kernel_sharding = staticmethod(lambda axis: (axis, None))
+  bias_sharding = staticmethod(lambda axis: (None,))
+
+  def _input_spec(self, batch):
+    return P(*batch, None, self.axis)
+
+
+class ParallelMLP(nnx.Module):
+  """Megatron MLP block: ColumnParallelLinear -> activation -> RowParallelLinear.
+
+  x [..., S/tp, d_model] -> [..., S/tp, d_model]: the input and output are sequence-parallel,
+  the hidden activation [..., S, d_ff/tp] is column-sharded; the only collectives are the two
+  fused ones.  Keyword arguments other than `activation` go to both layers.
+  """
+
+  def __init__(self, d_model: int, d_ff: int, *, activation: Callable = jax.nn.gelu,
+               rngs: nnx.Rngs, **layer_kwargs):
+    self.activation = activation
+    self.up = ColumnParallelLinear(d_model, d_ff, rngs=rngs, **layer_kwargs)
+    self.down = RowParallelLinear(d_ff, d_model, rngs=rngs, **layer_kwargs)
+
+  def __call__(self, x):
+    return self.down(self.activation(self.up(x)))
