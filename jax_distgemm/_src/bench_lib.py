@@ -1,0 +1,953 @@
+"""Machinery behind `python -m jax_distgemm.bench`: cases, data, timing, baselines, reports.
+
+Every number comes from the run that prints it.  Per case, in one process: the ideal (an XLA dot
+of one device's share of the problem, no communication), ours (implementation="ffi"), "auto"
+(implementation=None), XLA all_gather + dot / dot + psum_scatter ("reference"), the ppermute ring
+("xla") and plain jit auto-sharding ("jit_auto"); XLA's windowed einsum needs different XLA_FLAGS
+and so runs in a child process started before this process touches a device (so that the child
+sees the whole GPU memory, before this process preallocates its share).
+
+Timing (docs: /work/.library/device/METHOD.md, "Time properly"): compile, warm up, then per
+repeat N back-to-back calls and one block_until_ready; the median over repeats.  Repeats are
+interleaved across implementations so that clock or thermal drift spreads over all of them.
+Inputs are fresh random data, rotated among several sets whose total exceeds twice the L2 size,
+so consecutive calls never reuse a buffer that is still in cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import platform as platform_mod
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_distgemm
+from jax_distgemm import ffi as ffi_modules
+from jax_distgemm._src import reference
+from jax_distgemm._src.schedules import Schedule
+
+# -- Names ------------------------------------------------------------------------------------------
+
+SHORT_NAMES = {
+    Schedule.AllGather1D_TilingCD_RotatingA: "AG-RotA",
+    Schedule.AllGather1D_TilingCD_RotatingB: "AG-RotB",
+    Schedule.ReduceScatter1D_TilingA_RotatingC: "RS-TilA",
+    Schedule.ReduceScatter1D_TilingB_RotatingC: "RS-TilB",
+}
+
+# Rows of every case, in print order.
+ROWS = ("ideal", "ffi", "auto", "reference", "xla", "windowed_einsum", "jit_auto")
+ROW_LABELS = {
+    "ideal": "ideal (local dot)",
+    "ffi": "ffi (ours)",
+    "auto": "auto (impl=None)",
+    "reference": "reference (XLA coll.)",
+    "xla": "xla (ppermute ring)",
+    "windowed_einsum": "XLA windowed einsum",
+    "jit_auto": "jit auto-sharding",
+}
+OURS = "ffi"
+# "speedup" is over the fastest of these.
+BASELINES = ("reference", "xla", "windowed_einsum")
+# jax_distgemm's own implementations: their error vs "reference" is gated by --eps.
+GATED = ("ffi", "auto", "xla")
+
+WINDOWED_EINSUM_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0",
+                         "--xla_gpu_multi_streamed_windowed_einsum=true")
+
+# (M, K, N) global.  The seed's shape is CUTLASS example 65's sample command.
+SEED_SHAPE = (16384, 16384, 106496)
+STANDARD_SHAPES = ((8192, 8192, 28672), (4096, 8192, 8192), SEED_SHAPE, (8192, 4096, 4096),
+                   (2048, 8192, 8192))
+CPU_DEFAULT_SHAPE = (256, 128, 512)
+# On CPU (fake devices) the suite's shapes are divided by this, so that it finishes.
+CPU_SUITE_SCALE = 64
+
+DEFAULT_EPS = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-3}
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
+
+LOCAL_GEMM_NOTE = (
+    "not wired: jax_distgemm exposes no single-device CUTLASS GEMM entry point yet, so "
+    "local_gemm_ratio() returns None (the XLA stage dot is measured; no CUTLASS number is made up)")
+
+
+def parse_schedule(value: str) -> Schedule:
+  """A schedule from its full name, its short name (AG-RotA, ...) or its wire value."""
+  by_short = {v.lower(): k for k, v in SHORT_NAMES.items()}
+  if value.lower() in by_short:
+    return by_short[value.lower()]
+  if value.isdigit():
+    return Schedule(int(value))
+  return Schedule.parse(value)
+
+
+def standard_suite(scale: int = 1) -> list[tuple[Schedule, int, int, int]]:
+  """(schedule, M, K, N): every standard shape for AG-RotA and RS-TilA, the seed's for the rest."""
+  out = []
+  for schedule in (Schedule.AllGather1D_TilingCD_RotatingA,
+                   Schedule.ReduceScatter1D_TilingA_RotatingC):
+    out += [(schedule, m // scale, k // scale, n // scale) for m, k, n in STANDARD_SHAPES]
+  for schedule in (Schedule.AllGather1D_TilingCD_RotatingB,
+                   Schedule.ReduceScatter1D_TilingB_RotatingC):
+    m, k, n = SEED_SHAPE
+    out.append((schedule, m // scale, k // scale, n // scale))
+  return out
+
+
+# -- Cases ------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One benchmark problem: global x [L, M, K] @ w [L, K, N] (no L dim when L == 1)."""
+
+  schedule: Schedule
+  m: int
+  k: int
+  n: int
+  l: int = 1
+  tp: int = 2
+  dtype: str = "bfloat16"
+  alpha: float = 1.0
+  beta: float = 0.0
+
+  @property
+  def key(self) -> str:
+    return f"{self.schedule.name}/L{self.l}/M{self.m}/K{self.k}/N{self.n}/TP{self.tp}"
+
+  @property
+  def label(self) -> str:
+    batch = f" L={self.l}" if self.l > 1 else ""
+    return f"{SHORT_NAMES[self.schedule]} {self.m},{self.k},{self.n}{batch}"
+
+  @property
+  def jdtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def flops(self) -> int:
+    """All devices together."""
+    return 2 * self.l * self.m * self.n * self.k
+
+  @property
+  def flops_per_device(self) -> float:
+    return self.flops / self.tp
+
+  def invalid_reason(self) -> str | None:
+    """Why the global shape cannot be split over TP devices for this schedule (None: it can)."""
+    s, tp = self.schedule, self.tp
+    need = {"M": self.m, "N": self.n} if s.is_all_gather else {"K": self.k}
+    if s == Schedule.ReduceScatter1D_TilingA_RotatingC:
+      need["M"] = self.m
+    if s == Schedule.ReduceScatter1D_TilingB_RotatingC:
+      need["N"] = self.n
+    bad = [f"{name}={v}" for name, v in need.items() if v % tp]
+    if min(self.m, self.k, self.n, self.l) < 1:
+      return "M, K, N and L must be positive"
+    return f"{', '.join(bad)} not divisible by TP={tp} for {s.name}" if bad else None
+
+  def _batch(self) -> tuple[int, ...]:
+    return (self.l,) if self.l > 1 else ()
+
+  def global_shapes(self):
+    """(x, w, out) global shapes."""
+    b = self._batch()
+    return b + (self.m, self.k), b + (self.k, self.n), b + (self.m, self.n)
+
+  def specs(self, axis: str = "tp"):
+    """(x, w, out) PartitionSpecs of the global arrays (as in tests/test_util.specs)."""
+    b = (None,) * len(self._batch())
+    s = self.schedule
+    if s.is_all_gather:
+      x_spec, w_spec = P(*b, axis, None), P(*b, None, axis)
+    else:
+      x_spec, w_spec = P(*b, None, axis), P(*b, axis, None)
+    out_spec = {
+        Schedule.AllGather1D_TilingCD_RotatingA: P(*b, None, axis),
+        Schedule.AllGather1D_TilingCD_RotatingB: P(*b, axis, None),
+        Schedule.ReduceScatter1D_TilingA_RotatingC: P(*b, axis, None),
+        Schedule.ReduceScatter1D_TilingB_RotatingC: P(*b, None, axis),
+    }[s]
+    return x_spec, w_spec, out_spec
+
+  def ideal_shapes(self):
+    """(x, w, out) of one device's share of the FLOPs, with no communication.
+
+    AG-RotA: x[M, K] @ w[K, N/TP];  AG-RotB: x[M/TP, K] @ w[K, N];  RS: x[M, K/TP] @ w[K/TP, N].
+    """
+    b, m, k, n, tp = self._batch(), self.m, self.k, self.n, self.tp
+    if self.schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+      m_, k_, n_ = m, k, n // tp
+    elif self.schedule == Schedule.AllGather1D_TilingCD_RotatingB:
+      m_, k_, n_ = m // tp, k, n
+    else:
+      m_, k_, n_ = m, k // tp, n
+    return b + (m_, k_), b + (k_, n_), b + (m_, n_)
+
+  def stage_shape(self) -> tuple[int, int, int]:
+    """(m, k, n) of the local GEMM of one stage of the fused kernel (TP stages per call)."""
+    m, k, n, tp = self.m, self.k, self.n, self.tp
+    return {
+        Schedule.AllGather1D_TilingCD_RotatingA: (m // tp, k, n // tp),
+        Schedule.AllGather1D_TilingCD_RotatingB: (m // tp, k, n // tp),
+        Schedule.ReduceScatter1D_TilingA_RotatingC: (m // tp, k // tp, n),
+        Schedule.ReduceScatter1D_TilingB_RotatingC: (m, k // tp, n // tp),
+    }[self.schedule]
+
+  def as_dict(self) -> dict:
+    return {"schedule": self.schedule.name, "short": SHORT_NAMES[self.schedule], "m": self.m,
+            "k": self.k, "n": self.n, "l": self.l, "tp": self.tp, "dtype": self.dtype,
+            "alpha": self.alpha, "beta": self.beta, "key": self.key,
+            "flops_per_device": self.flops_per_device}
+
+
+@dataclasses.dataclass
+class Options:
+  """Timing and data knobs (see bench.py's flags)."""
+
+  iterations: int | None = None  # calls per repeat; None: enough for target_repeat_ms
+  warmup: int = 5
+  repeats: int = 7
+  target_repeat_ms: float = 30.0
+  eps: float | None = None
+  l2_bytes: int = 60 * 2**20
+  rotation_budget_bytes: int = 8 * 2**30
+  max_sets: int = 32
+  seed: int = 0
+  local_gemm: bool = False
+  want: frozenset = frozenset(ROWS)
+  # Calls in flight before a block_until_ready: 0 = all of a repeat (GPU); None = per platform
+  # (see resolve_in_flight).
+  max_in_flight: int | None = None
+
+  def eps_for(self, case: Case) -> float:
+    return self.eps if self.eps is not None else DEFAULT_EPS[case.dtype]
+
+
+# -- Devices ----------------------------------------------------------------------------------------
+
+def resolve_in_flight(opts: Options, platform: str) -> Options:
+  """max_in_flight=None becomes 1 on CPU and 0 (unbounded) elsewhere.
+
+  XLA:CPU deadlocks (rendezvous timeout, then abort) when many multi-device programs with
+  collectives are in flight at once (seen with jax 0.11.2 on 2 fake devices and 2 cores, for
+  XLA's own all-gather and collective-permute as well as ours), so on CPU every call is
+  synchronized; that is a smoke test anyway.
+  """
+  if opts.max_in_flight is not None:
+    return opts
+  return dataclasses.replace(opts, max_in_flight=1 if platform == "cpu" else 0)
+
+
+def select_devices(tp: int):
+  """The first `tp` devices of jax.devices(): GPUs if present, else fake CPU devices.
+
+  Must run before anything initializes JAX's backends (it requests `tp` CPU devices, which only
+  takes effect then; on a GPU machine that request is harmless).  Returns (devices, platform,
+  note); note is None on GPU.
+  """
+  try:
+    jax.config.update("jax_num_cpu_devices", max(int(tp), 1))
+  except RuntimeError:
+    pass  # backends already up: checked below
+  devices = jax.devices()
+  platform = devices[0].platform.lower()
+  if len(devices) < tp:
+    raise SystemExit(
+        f"jax_distgemm.bench: --tp {tp} needs {tp} devices but jax.devices() has "
+        f"{len(devices)} ({platform}); on CPU, the fake devices must be requested before JAX "
+        "initializes its backends")
+  note = None
+  if platform == "cpu":
+    note = (f"no GPU: running on {tp} fake CPU devices (jax_num_cpu_devices={tp}); the times "
+            "measure the CPU executor and XLA:CPU, not a GPU -- a smoke test only")
+  return list(devices[:tp]), platform, note
+
+
+# -- Data -------------------------------------------------------------------------------------------
+
+def rotation_sets(set_bytes: int, *, l2_bytes: int, budget_bytes: int, max_sets: int,
+                  min_sets: int = 2) -> int:
+  """How many input sets to rotate among (per-device bytes of one set -> count).
+
+  Enough that the sets together exceed twice the L2 size (each call then reads buffers the
+  previous calls evicted), at least `min_sets` so that consecutive calls never share a buffer,
+  and at most what `budget_bytes` per device and `max_sets` allow (never fewer than one).
+  """
+  set_bytes = max(int(set_bytes), 1)
+  want = max(min_sets, math.ceil(2 * l2_bytes / set_bytes))
+  return max(1, min(want, max_sets, budget_bytes // set_bytes))
+
+
+@functools.lru_cache(maxsize=64)
+def _normal_fn(shape, dtype, scale, sharding):
+  def f(key):
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+  return jax.jit(f, out_shardings=sharding)
+
+
+def random_array(key, shape, dtype, sharding, scale: float = 1.0):
+  """Standard normal * scale, drawn on device straight into `sharding` (never zeros)."""
+  return _normal_fn(tuple(shape), jnp.dtype(dtype), float(scale), sharding)(key)
+
+
+def make_sets(key, count: int, x_shape, w_shape, c_shape, dtype, shardings):
+  """`count` fresh (x, w[, c]) tuples; w is scaled by 1/sqrt(K) so outputs are O(1)."""
+  xs, ws, cs = shardings
+  scale_w = 1.0 / math.sqrt(x_shape[-1])
+  sets = []
+  for i in range(count):
+    kx, kw, kc = jax.random.split(jax.random.fold_in(key, i), 3)
+    s = (random_array(kx, x_shape, dtype, xs), random_array(kw, w_shape, dtype, ws, scale_w))
+    if c_shape is not None:
+      s += (random_array(kc, c_shape, jnp.float32, cs),)
+    sets.append(s)
+  jax.block_until_ready(sets)
+  return sets
+
+
+def _nbytes(shape, dtype) -> int:
+  return int(np.prod(shape)) * jnp.dtype(dtype).itemsize
+
+
+# -- Implementations --------------------------------------------------------------------------------
+
+def distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
+  """jit(shard_map(jax_distgemm.distributed_matmul)) over global arrays."""
+  x_spec, w_spec, out_spec = case.specs()
+  with_c = case.beta != 0
+
+  def body(x, w, c=None):
+    return jax_distgemm.distributed_matmul(
+        x, w, c, axis_name="tp", schedule=case.schedule, alpha=case.alpha, beta=case.beta,
+        out_dtype=case.jdtype, implementation=implementation)
+
+  in_specs = (x_spec, w_spec) + ((out_spec,) if with_c else ())
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
+
+
+def auto_sharded_fn(case: Case, mesh: Mesh):
+  """The reference formulation left to XLA's SPMD partitioner (what windowed einsum rewrites).
+
+  x and w are NamedSharding'd global arrays; out = matmul (fp32 accumulation, as the reference)
+  with the output sharding constrained, then the same epilogue.
+  """
+  x_spec, w_spec, out_spec = case.specs()
+  out_sharding = NamedSharding(mesh, out_spec)
+
+  def f(x, w, c=None):
+    acc = jax.lax.with_sharding_constraint(reference.matmul_f32(x, w), out_sharding)
+    return reference.epilogue(acc, c, alpha=case.alpha, beta=case.beta, out_dtype=case.jdtype)
+
+  in_shardings = (NamedSharding(mesh, x_spec), NamedSharding(mesh, w_spec))
+  if case.beta != 0:
+    in_shardings += (out_sharding,)
+  return jax.jit(f, in_shardings=in_shardings, out_shardings=out_sharding)
+
+
+def ideal_fn(case: Case):
+  """One device's GEMM, no communication: the floor the fused kernel tries to reach.
+
+  With alpha == 1 and beta == 0 a plain dot with the output dtype (one cuBLAS call on GPU, fp32
+  accumulation inside); otherwise the reference epilogue on an fp32 dot.
+  """
+  def f(x, w, c=None):
+    if case.alpha == 1.0 and c is None:
+      return jnp.matmul(x, w, preferred_element_type=case.jdtype)
+    return reference.epilogue(reference.matmul_f32(x, w), c, alpha=case.alpha, beta=case.beta,
+                              out_dtype=case.jdtype)
+  return jax.jit(f)
+
+
+@jax.jit
+def _rel_err(out, ref):
+  o = out.astype(jnp.float32)
+  r = ref.astype(jnp.float32)
+  num = jnp.sqrt(jnp.sum(jnp.square(o - r)))
+  return num / jnp.maximum(jnp.sqrt(jnp.sum(jnp.square(r))), jnp.float32(1e-30))
+
+
+def rel_err(out, ref) -> float:
+  """||out - ref||_F / ||ref||_F, computed on the devices (NaN anywhere gives NaN)."""
+  return float(_rel_err(out, ref))
+
+
+_COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
+
+
+def hlo_summary(hlo_text: str) -> dict:
+  """Collective counts, our custom call, and whether XLA built a windowed-einsum loop."""
+  counts = {n: len(re.findall(rf"= [^=\n]*\b{n}(-start)?\(", hlo_text)) for n in _COLLECTIVES}
+  counts["jax_distgemm"] = hlo_text.count("jax_distgemm_v1")
+  counts["windowed_einsum_loop"] = "windowed_dot_general" in hlo_text
+  return counts
+
+
+def local_gemm_ratio(case: Case, xla_stage_ms: float,
+                     time_fn: Callable[[Callable], float]) -> float | None:
+  """xla_stage_ms / cutlass_stage_ms for one stage GEMM of `case` (> 1: our local GEMM is faster).
+
+  HOOK, not wired yet: jax_distgemm has no single-device CUTLASS GEMM entry point.  To wire it,
+  build a jitted single-device function g(x, w) -> out that runs the CUTLASS stage kernel of
+  `case.schedule` on x [m, k], w [k, n] (m, k, n = case.stage_shape(), dtype case.dtype, output
+  case.dtype), then `return xla_stage_ms / time_fn(g)`: time_fn times g on device 0 with the same
+  rotation, warm-up and repeats as the XLA dot it is compared with, and returns ms per call.
+  Until then this returns None and the report says so (LOCAL_GEMM_NOTE); never fake a number.
+  """
+  del case, xla_stage_ms, time_fn
+  return None
+
+
+# -- Timing -----------------------------------------------------------------------------------------
+
+def _describe(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  first = text[0] if text else ""
+  if len(first) > 400:
+    first = first[:400] + "..."
+  return f"{type(e).__name__}: {first}"
+
+
+def guarded(fn: Callable[[], Any]) -> tuple[Any, dict | None]:
+  """Runs fn(); on failure returns (None, row) with status 'unsupported' or 'error' and why."""
+  try:
+    return fn(), None
+  except NotImplementedError as e:
+    return None, {"status": "unsupported", "reason": _describe(e)}
+  except Exception as e:  # noqa: BLE001 - any failure of one implementation is reported
+    return None, {"status": "error", "reason": _describe(e)}
+
+
+@dataclasses.dataclass
+class Timed:
+  """One implementation being timed: a compiled callable and its rotating input sets."""
+
+  name: str
+  call: Callable
+  sets: list
+  iterations: int = 0
+  pos: int = 0  # next set to use
+  times: list = dataclasses.field(default_factory=list)
+  failure: dict | None = None
+
+  def run(self, count: int, max_in_flight: int = 0):
+    """`count` back-to-back calls, then one block_until_ready (and one every max_in_flight)."""
+    out = None
+    for i in range(count):
+      out = self.call(*self.sets[self.pos % len(self.sets)])
+      self.pos += 1
+      if max_in_flight and (i + 1) % max_in_flight == 0:
+        jax.block_until_ready(out)
+    jax.block_until_ready(out)
+
+
+def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[str], None]):
+  """Warm-up, then `opts.repeats` rounds; in each round every live entry runs one repeat."""
+  for e in entries:
+    def warm(e=e):
+      e.run(max(1, opts.warmup), opts.max_in_flight)
+      if opts.iterations:
+        return opts.iterations
+      t0 = time.perf_counter()
+      e.run(2, opts.max_in_flight)
+      est_ms = (time.perf_counter() - t0) * 1e3 / 2
+      return int(min(500, max(10, math.ceil(opts.target_repeat_ms / max(est_ms, 1e-4)))))
+    e.iterations, e.failure = guarded(warm)
+  for r in range(opts.repeats):
+    progress(f"repeat {r + 1}/{opts.repeats}")
+    for e in entries:
+      if e.failure:
+        continue
+      def one(e=e):
+        t0 = time.perf_counter()
+        e.run(e.iterations, opts.max_in_flight)
+        return (time.perf_counter() - t0) * 1e3 / e.iterations
+      ms, e.failure = guarded(one)
+      if ms is not None:
+        e.times.append(ms)
+
+
+def _timing_row(e: Timed) -> dict:
+  if e.failure:
+    return dict(e.failure)
+  t = e.times
+  return {"status": "ok", "reason": None, "ms": statistics.median(t), "ms_min": min(t),
+          "ms_max": max(t), "spread": (max(t) - min(t)) / statistics.median(t),
+          "ms_repeats": t, "calls_per_repeat": e.iterations, "rotation_sets": len(e.sets)}
+
+
+# -- One case ---------------------------------------------------------------------------------------
+
+def run_case(case: Case, index: int, devices, opts: Options,
+             progress: Callable[[str], None]) -> dict:
+  """Measures every requested row of `case`; returns {"rows": {...}, "data": {...}}.
+
+  Every device array of the case is dropped before this returns (the seed's shape needs GiBs).
+  """
+  try:
+    return _measure_case(case, index, devices, opts, progress)
+  finally:
+    gc.collect()
+    jax.clear_caches()
+
+
+def _measure_case(case: Case, index: int, devices, opts: Options,
+                  progress: Callable[[str], None]) -> dict:
+  want = opts.want
+  rows: dict[str, dict] = {}
+  mesh = Mesh(np.array(devices), ("tp",))
+  x_spec, w_spec, out_spec = case.specs()
+  shardings = tuple(NamedSharding(mesh, s) for s in (x_spec, w_spec, out_spec))
+  xg, wg, og = case.global_shapes()
+  c_shape = og if case.beta != 0 else None
+  key = jax.random.fold_in(jax.random.key(opts.seed), index)
+  tp, dt = case.tp, case.jdtype
+
+  # Distributed input sets (bytes counted per device).
+  set_bytes = (_nbytes(xg, dt) + _nbytes(wg, dt)) // tp + (
+      _nbytes(og, jnp.float32) // tp if c_shape else 0)
+  n_sets = rotation_sets(set_bytes, l2_bytes=opts.l2_bytes,
+                         budget_bytes=opts.rotation_budget_bytes, max_sets=opts.max_sets)
+  data = {"rotation_sets": n_sets, "set_bytes_per_device": set_bytes}
+
+  entries: list[Timed] = []
+  dist_rows = [r for r in ("ffi", "auto", "reference", "xla", "jit_auto", "windowed_einsum")
+               if r in want]
+  sets = None
+  ref_out = None
+  if dist_rows:
+    progress(f"drawing {n_sets} input sets ({_fmt_bytes(set_bytes)} per device each)")
+    sets, sets_failure = guarded(
+        lambda: make_sets(jax.random.fold_in(key, 0), n_sets, xg, wg, c_shape, dt, shardings))
+    if sets_failure:
+      rows.update({name: dict(sets_failure, reason=f"input sets: {sets_failure['reason']}")
+                   for name in dist_rows})
+      dist_rows = []
+  if dist_rows:
+    # The reference output every other implementation is checked against.
+    progress("reference output")
+    ref_call, fail = guarded(
+        lambda: distributed_fn(case, mesh, "reference").lower(*sets[0]).compile())
+    if fail is None:
+      ref_out, fail = guarded(lambda: jax.block_until_ready(ref_call(*sets[0])))
+    ref_failure = fail
+    for name in dist_rows:
+      progress(f"compiling {name}")
+      impl = {"ffi": "ffi", "auto": None, "reference": "reference", "xla": "xla"}.get(name)
+
+      def compile_(name=name, impl=impl):
+        if name == "reference" and ref_failure is None:
+          compiled = ref_call
+          return compiled, hlo_summary(compiled.as_text() or "")
+        if name in ("jit_auto", "windowed_einsum"):
+          lowered = auto_sharded_fn(case, mesh).lower(*sets[0])
+        else:
+          lowered = distributed_fn(case, mesh, impl).lower(*sets[0])
+        compiled = lowered.compile()
+        return compiled, hlo_summary(compiled.as_text() or "")
+
+      got, fail = guarded(compile_)
+      if fail:
+        rows[name] = fail
+        continue
+      call, hlo = got
+      extra: dict[str, Any] = {"hlo": hlo}
+      if name == "auto":
+        extra["resolved"] = "ffi" if hlo["jax_distgemm"] else "xla"
+      if name in ("jit_auto", "windowed_einsum"):
+        extra["windowed_einsum_loop"] = hlo["windowed_einsum_loop"]
+        if name == "windowed_einsum" and not hlo["windowed_einsum_loop"]:
+          extra["note"] = ("XLA did not rewrite this into a windowed einsum (no "
+                           "windowed_dot_general loop in the compiled HLO); timed as compiled")
+      # Correctness vs the reference, on set 0.
+      if name != "reference":
+        def check(call=call):
+          out = call(*sets[0])
+          if ref_out is None:
+            jax.block_until_ready(out)
+            return None
+          return rel_err(out, ref_out)
+        err, fail = guarded(check)
+        if fail:
+          rows[name] = fail
+          continue
+        extra["rel_err"] = err
+        if ref_out is None:
+          extra["rel_err_note"] = f"no reference output: {ref_failure['reason']}"
+      else:
+        extra["rel_err"] = 0.0
+      rows[name] = {"status": "pending", **extra}
+      entries.append(Timed(name, call, sets))
+  del ref_out
+
+  ideal_sets = None
+  if "ideal" in want:
+    single = SingleDeviceSharding(devices[0])
+    xi, wi, oi = case.ideal_shapes()
+    ci = oi if case.beta != 0 else None
+    ideal_bytes = _nbytes(xi, dt) + _nbytes(wi, dt) + (_nbytes(oi, jnp.float32) if ci else 0)
+    n_ideal = rotation_sets(ideal_bytes, l2_bytes=opts.l2_bytes,
+                            budget_bytes=opts.rotation_budget_bytes, max_sets=opts.max_sets)
+    data.update(ideal_shapes={"x": list(xi), "w": list(wi), "out": list(oi)},
+                ideal_rotation_sets=n_ideal, ideal_set_bytes=ideal_bytes)
+    progress("ideal: drawing inputs, compiling")
+
+    def prep_ideal():
+      s = make_sets(jax.random.fold_in(key, 1), n_ideal, xi, wi, ci, dt, (single,) * 3)
+      return s, ideal_fn(case).lower(*s[0]).compile()
+
+    got, fail = guarded(prep_ideal)
+    if fail:
+      rows["ideal"] = fail
+    else:
+      ideal_sets, call = got
+      rows["ideal"] = {"status": "pending"}
+      entries.append(Timed("ideal", call, ideal_sets))
+
+  stage_sets = None
+  if opts.local_gemm:
+    single = SingleDeviceSharding(devices[0])
+    sm, sk, sn = case.stage_shape()
+    b = (case.l,) if case.l > 1 else ()
+    xs_, ws_ = b + (sm, sk), b + (sk, sn)
+    nb = _nbytes(xs_, dt) + _nbytes(ws_, dt)
+    n_stage = rotation_sets(nb, l2_bytes=opts.l2_bytes, budget_bytes=opts.rotation_budget_bytes,
+                            max_sets=opts.max_sets)
+    progress("local GEMM: XLA dot on the stage shape")
+
+    def prep_stage():
+      s = make_sets(jax.random.fold_in(key, 2), n_stage, xs_, ws_, None, dt, (single,) * 3)
+      stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
+      return s, ideal_fn(stage_case).lower(*s[0]).compile()
+
+    got, fail = guarded(prep_stage)
+    data["local_gemm"] = {"stage_shape": [sm, sk, sn]}
+    if fail:
+      data["local_gemm"].update(fail)
+    else:
+      stage_sets, call = got
+      entries.append(Timed("local_xla_dot", call, stage_sets))
+
+  time_interleaved(entries, opts, lambda msg: progress(f"timing: {msg}"))
+  for e in entries:
+    if e.name == "local_xla_dot":
+      continue
+    rows[e.name] = {**{k: v for k, v in rows[e.name].items() if k != "status"},
+                    **_timing_row(e)}
+
+  if opts.local_gemm and stage_sets is not None:
+    e = next(e for e in entries if e.name == "local_xla_dot")
+    lg = data["local_gemm"]
+    lg.update({"xla_dot": _timing_row(e)})
+    ratio = None
+    if not e.failure:
+      xla_ms = lg["xla_dot"]["ms"]
+      lg["xla_dot"]["tflops"] = 2 * case.l * math.prod(case.stage_shape()) / (xla_ms * 1e9)
+
+      def time_fn(g):
+        compiled = jax.jit(g).lower(*stage_sets[0]).compile()
+        t = Timed("cutlass_stage", compiled, stage_sets)
+        time_interleaved([t], opts, lambda msg: None)
+        if t.failure:
+          raise RuntimeError(t.failure["reason"])
+        return statistics.median(t.times)
+
+      ratio, fail = guarded(lambda: local_gemm_ratio(case, xla_ms, time_fn))
+      if fail:
+        lg["ratio_failure"] = fail
+    lg["ratio"] = ratio
+    lg["cutlass_ms"] = None if ratio is None else lg["xla_dot"]["ms"] / ratio
+    if ratio is None:
+      lg["note"] = LOCAL_GEMM_NOTE
+
+  return {"rows": rows, "data": data}
+
+
+# -- Derived numbers --------------------------------------------------------------------------------
+
+def finalize_case(case: Case, rows: dict, data: dict, opts: Options) -> dict:
+  """Fills every row in (missing ones get a reason) and computes TFLOP/s, efficiency, speedup."""
+  for name in ROWS:
+    rows.setdefault(name, {"status": "skipped", "reason": "not requested (--impls)"})
+  ideal_ms = rows["ideal"].get("ms")
+  base = {n: rows[n]["ms"] for n in BASELINES if rows[n].get("status") == "ok"}
+  best = min(base, key=base.get) if base else None
+  best_ms = base[best] if best else None
+  eps = opts.eps_for(case)
+  for name, row in rows.items():
+    if row.get("status") != "ok":
+      continue
+    ms = row["ms"]
+    row["tflops_per_gpu"] = case.flops_per_device / (ms * 1e9)
+    row["efficiency"] = ideal_ms / ms if ideal_ms else None
+    row["speedup_vs_best_baseline"] = best_ms / ms if best_ms else None
+  failures = []
+  for name in GATED:
+    row = rows[name]
+    if row.get("status") == "error":
+      failures.append(f"{name}: {row['reason']}")
+      continue
+    err = row.get("rel_err")
+    if row.get("status") == "ok" and err is not None:
+      ok = math.isfinite(err) and err <= eps
+      row["correct"] = ok
+      if not ok:
+        failures.append(f"{name}: rel_err {err:.3g} > eps {eps:g}")
+  ours = rows[OURS]
+  return {
+      "case": case.as_dict(),
+      **data,
+      "rows": rows,
+      "ideal_ms": ideal_ms,
+      "ours": OURS,
+      "ours_ms": ours.get("ms"),
+      "efficiency": ours.get("efficiency"),
+      "speedup": ours.get("speedup_vs_best_baseline"),
+      "best_baseline": best,
+      "best_baseline_ms": best_ms,
+      "rel_err": ours.get("rel_err"),
+      "eps": eps,
+      "passed": not failures,
+      "failures": failures,
+  }
+
+
+# -- Windowed einsum child --------------------------------------------------------------------------
+
+CHILD_FLAG = "--_child-windowed"
+
+
+def run_windowed_child(argv: list[str], flags: tuple[str, ...],
+                       progress: Callable[[str], None]) -> tuple[dict, str | None, str]:
+  """Runs this bench in a child with `flags` added to XLA_FLAGS, timing only windowed einsum.
+
+  Called before this process touches a device.  Returns ({case key: row}, failure reason or
+  None, the child's XLA_FLAGS).
+  """
+  env = dict(os.environ)
+  xla_flags = " ".join([env.get("XLA_FLAGS", "").strip(), *flags]).strip()
+  env["XLA_FLAGS"] = xla_flags
+  with tempfile.TemporaryDirectory(prefix="jax_distgemm_bench_") as tmp:
+    path = os.path.join(tmp, "windowed_einsum.json")
+    cmd = [sys.executable, "-m", "jax_distgemm.bench", *argv, CHILD_FLAG, path]
+    progress(f"windowed einsum: child process with XLA_FLAGS={xla_flags!r}")
+    tail: collections.deque = collections.deque(maxlen=8)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+      tail.append(line.rstrip())
+      sys.stderr.write(f"  [windowed-einsum child] {line}")
+      sys.stderr.flush()
+    rc = proc.wait()
+    results = {}
+    if os.path.exists(path):
+      with open(path) as f:
+        results = json.load(f).get("cases", {})
+  reason = None
+  if rc != 0:
+    reason = f"child process exited with code {rc}: " + " | ".join(
+        t for t in tail if t)[-600:]
+  return results, reason, xla_flags
+
+
+def child_main(cases_fn: Callable[[str], list[Case]], tp: int, opts: Options, out_path: str):
+  """The child's side: time windowed einsum for every case, writing results after each."""
+  devices, platform, _ = select_devices(tp)
+  cases = cases_fn(platform)
+  opts = dataclasses.replace(resolve_in_flight(opts, platform),
+                             want=frozenset({"windowed_einsum"}), local_gemm=False)
+  out = {"platform": platform, "xla_flags": os.environ.get("XLA_FLAGS", ""), "cases": {}}
+  for i, case in enumerate(cases):
+    def progress(msg, i=i, case=case):
+      print(f"[{i + 1}/{len(cases)}] {case.label}: {msg}", flush=True)
+    got = run_case(case, i, devices, opts, progress)
+    out["cases"][case.key] = got["rows"].get(
+        "windowed_einsum", {"status": "error", "reason": "not measured"})
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(sanitize(out), f)
+    os.replace(tmp, out_path)
+
+
+# -- Reports ----------------------------------------------------------------------------------------
+
+def sanitize(obj):
+  """JSON-safe: non-finite floats become strings ('nan', 'inf')."""
+  if isinstance(obj, float):
+    return obj if math.isfinite(obj) else str(obj)
+  if isinstance(obj, dict):
+    return {str(k): sanitize(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [sanitize(v) for v in obj]
+  if isinstance(obj, (np.floating, np.integer)):
+    return sanitize(obj.item())
+  return obj
+
+
+def environment(devices, platform: str, note: str | None) -> dict:
+  import jaxlib
+  return {
+      "jax": jax.__version__,
+      "jaxlib": getattr(jaxlib, "__version__", None),
+      "jax_distgemm": jax_distgemm.__version__,
+      "python": platform_mod.python_version(),
+      "host": platform_mod.node(),
+      "platform": platform,
+      "devices": [str(d) for d in devices],
+      "device_kind": devices[0].device_kind,
+      "note": note,
+      "cuda_executor_built": ffi_modules.has_cuda(),
+      "cuda_import_error": (None if ffi_modules.cuda_import_error is None else
+                            str(ffi_modules.cuda_import_error)),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  }
+
+
+def _fmt_rate(v) -> str:
+  """TFLOP/s: one decimal where it matters (GPU), three significant digits when tiny (CPU)."""
+  return "-" if v is None else (f"{v:.1f}" if v >= 10 else f"{v:.3g}")
+
+
+def _fmt_bytes(n: int) -> str:
+  for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= size:
+      return f"{n / size:.1f} {unit}"
+  return f"{n} B"
+
+
+def _fmt(v, spec: str) -> str:
+  return "-" if v is None else format(v, spec)
+
+
+def case_block(result: dict, index: int, total: int) -> str:
+  """The detailed table of one case: one line per implementation."""
+  c = result["case"]
+  lines = [
+      f"== [{index}/{total}] {c['short']} ({c['schedule']})  M={c['m']} K={c['k']} N={c['n']}"
+      + (f" L={c['l']}" if c["l"] > 1 else "")
+      + f"  TP={c['tp']}  {c['dtype']}  alpha={c['alpha']:g} beta={c['beta']:g}",
+      f"   {c['flops_per_device'] / 1e9:.4g} GFLOP per device; {result['rotation_sets']} "
+      f"rotating input sets of {_fmt_bytes(result['set_bytes_per_device'])} per device",
+      f"   {'implementation':<22} {'ms':>10} {'TFLOP/s/GPU':>12} {'eff':>6} {'speedup':>8} "
+      f"{'rel.err':>9} {'spread':>7}  note",
+  ]
+  for name in ROWS:
+    r = result["rows"][name]
+    if r.get("status") == "ok":
+      note = []
+      if "resolved" in r:
+        note.append(f"resolved to {r['resolved']}")
+      if "windowed_einsum_loop" in r:
+        note.append("windowed loop in HLO" if r["windowed_einsum_loop"] else
+                    "no windowed loop in HLO")
+      if r.get("correct") is False:
+        note.append("FAILED --eps")
+      if r.get("rel_err_note"):
+        note.append(r["rel_err_note"])
+      err = r.get("rel_err")
+      err_s = "-" if err is None or name == "reference" else (
+          f"{err:.2e}" if isinstance(err, float) else str(err))
+      lines.append(
+          f"   {ROW_LABELS[name]:<22} {r['ms']:>10.4f} {_fmt_rate(r['tflops_per_gpu']):>12} "
+          f"{_fmt(r.get('efficiency'), '.2f'):>6} "
+          f"{_fmt(r.get('speedup_vs_best_baseline'), '.2f'):>8} {err_s:>9} "
+          f"{r['spread'] * 100:>6.1f}%  {'; '.join(note)}")
+    else:
+      lines.append(f"   {ROW_LABELS[name]:<22} {'n/a':>10}  {r.get('status')}: {r.get('reason')}")
+  lg = result.get("local_gemm")
+  if lg:
+    x = lg.get("xla_dot", {})
+    xs = (f"XLA dot {x['ms']:.4f} ms ({_fmt_rate(x.get('tflops'))} TFLOP/s)"
+          if x.get("status") == "ok" else f"XLA dot n/a: {x.get('reason') or lg.get('reason')}")
+    ratio = lg.get("ratio")
+    rs = f"ratio (xla/cutlass) {ratio:.2f}" if ratio else f"ratio n/a ({lg.get('note', '')})"
+    lines.append(f"   local GEMM, stage {tuple(lg['stage_shape'])}: {xs}; {rs}")
+  status = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["failures"])
+  best = result["best_baseline"]
+  lines.append(
+      f"   -> ours {_fmt(result['ours_ms'], '.4f')} ms, efficiency "
+      f"{_fmt(result['efficiency'], '.2f')}, speedup {_fmt(result['speedup'], '.2f')} over "
+      f"{best or 'no baseline'}; eps {result['eps']:g}: {status}")
+  return "\n".join(lines)
+
+
+def summary_table(results: list[dict]) -> str:
+  """One line per case: ms of every implementation, then ours' TFLOP/s, efficiency, speedup."""
+  head = (f"{'schedule':<8} {'M,K,N':<20} {'ideal':>9} {'ffi':>9} {'auto':>9} {'ref':>9} "
+          f"{'ring':>9} {'win.ein':>9} {'jit':>9} {'TFLOP/s':>8} {'eff':>5} {'speedup':>7} "
+          f"{'best':<15} {'rel.err':>8}  check")
+  lines = ["times in ms per call (median); TFLOP/s per GPU and eff (ideal/ours) and speedup "
+           "(best baseline/ours) are for ffi (ours)", head, "-" * len(head)]
+  notes: dict[str, int] = {}
+  for r in results:
+    c, rows = r["case"], r["rows"]
+    cells = []
+    for name in ROWS:
+      row = rows[name]
+      if row.get("status") == "ok":
+        cells.append(f"{row['ms']:>9.4f}")
+      else:
+        why = f"{name}: {row.get('status')}: {row.get('reason')}"
+        mark = notes.setdefault(why, len(notes) + 1)
+        cells.append(f"{'n/a[' + str(mark) + ']':>9}")
+    ours = rows[OURS]
+    err = r["rel_err"]
+    err_s = f"{err:.1e}" if isinstance(err, float) else "-"
+    shape = f"{c['m']},{c['k']},{c['n']}" + (f"x{c['l']}" if c["l"] > 1 else "")
+    lines.append(
+        f"{c['short']:<8} {shape:<20} {' '.join(cells)} "
+        f"{_fmt_rate(ours.get('tflops_per_gpu')):>8} {_fmt(r['efficiency'], '.2f'):>5} "
+        f"{_fmt(r['speedup'], '.2f'):>7} {r['best_baseline'] or '-':<15} {err_s:>8}  "
+        f"{'ok' if r['passed'] else 'FAIL'}")
+  for why, mark in notes.items():
+    lines.append(f"[{mark}] {why}")
+  return "\n".join(lines)
+
+
+def plot(results: list[dict], path: str, title: str) -> None:
+  """Grouped bars: TFLOP/s per GPU of every implementation, per case."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  names = [n for n in ROWS if any(r["rows"][n].get("status") == "ok" for r in results)]
+  width = 0.8 / max(len(names), 1)
+  fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(results) + 3), 5))
+  xs = np.arange(len(results))
+  for j, name in enumerate(names):
+    vals = [r["rows"][name].get("tflops_per_gpu") or 0.0 for r in results]
+    bars = ax.bar(xs + (j - (len(names) - 1) / 2) * width, vals, width, label=ROW_LABELS[name])
+    if name == OURS:
+      for b, r in zip(bars, results):
+        if r["efficiency"]:
+          ax.annotate(f"{r['efficiency']:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                      ha="center", va="bottom", fontsize=7)
+  ax.set_xticks(xs)
+  ax.set_xticklabels([f"{r['case']['short']}\n{r['case']['m']},{r['case']['k']},"
+                      f"{r['case']['n']}" for r in results], fontsize=8)
+  ax.set_ylabel("TFLOP/s per GPU")
+  ax.set_title(title + "  (label on ffi bars: efficiency = ideal / ours)", fontsize=9)
+  ax.legend(fontsize=7, ncol=min(4, len(names)))
+  ax.grid(axis="y", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

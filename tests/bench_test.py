@@ -1,0 +1,263 @@
+"""`python -m jax_distgemm.bench` on fake CPU devices: it runs, and its report adds up.
+
+The end-to-end tests run the bench in a subprocess (JAX_PLATFORMS=cpu, tiny shapes, all four
+schedules, the windowed-einsum child included) and check the JSON it writes: every row of every
+case is there, either measured (positive numbers) or with the reason it is not; efficiency is
+ideal / ours and speedup is best baseline / ours; the table is printed.  The in-process tests
+cover what a CPU run cannot show by itself: an implementation that raises NotImplementedError
+is reported, not fatal, and the --eps gate fails a case.  Timings on CPU mean nothing; only
+the structure is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+try:
+  from tests import test_util as tu  # noqa: I001 - must precede JAX initialization
+except ImportError:
+  import test_util as tu
+
+from absl.testing import absltest  # noqa: E402
+
+from jax_distgemm._src import api  # noqa: E402
+from jax_distgemm._src import bench_lib as bl  # noqa: E402
+from jax_distgemm._src.schedules import Schedule  # noqa: E402
+
+TINY = ["--m", "64", "--k", "32", "--n", "128"]
+FAST = ["--iterations", "2", "--repeats", "2", "--warmup-iterations", "1"]
+
+
+def run_bench(args, timeout=900):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "jax_distgemm.bench", *args], env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _have_matplotlib() -> bool:
+  try:
+    import matplotlib  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+class BenchEndToEndTest(absltest.TestCase):
+  """One bench run (4 schedules, every row, --local-gemm), shared by the checks below."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.TemporaryDirectory()
+    cls.json_path = os.path.join(cls.tmp.name, "bench.json")
+    cls.png_path = os.path.join(cls.tmp.name, "bench.png")
+    args = [*TINY, *FAST, "--schedule", "all", "--local-gemm", "--json", cls.json_path]
+    if _have_matplotlib():
+      args += ["--plot", cls.png_path]
+    cls.proc = run_bench(args)
+    cls.data = None
+    if os.path.exists(cls.json_path):
+      with open(cls.json_path) as f:
+        cls.data = json.load(f)
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+    super().tearDownClass()
+
+  def setUp(self):
+    super().setUp()
+    msg = f"stdout:\n{self.proc.stdout[-3000:]}\nstderr:\n{self.proc.stderr[-3000:]}"
+    self.assertEqual(self.proc.returncode, 0, msg)
+    self.assertIsNotNone(self.data, msg)
+
+  def test_table_printed(self):
+    out = self.proc.stdout
+    self.assertIn("fake CPU devices", out)
+    self.assertIn("times in ms per call", out)
+    for label in bl.ROW_LABELS.values():
+      self.assertIn(label, out)
+    for short in bl.SHORT_NAMES.values():
+      self.assertIn(f"{short}  ", out)  # one summary line per case
+    self.assertIn("ratio n/a", out)  # --local-gemm: the hook is reported as not wired
+    self.assertIn("windowed-einsum child", self.proc.stderr)  # progress went to stderr
+
+  def test_meta(self):
+    meta = self.data["meta"]
+    self.assertTrue(self.data["complete"])
+    self.assertTrue(self.data["passed"])
+    self.assertEqual(meta["platform"], "cpu")
+    self.assertEqual(meta["tp"], 2)
+    self.assertLen(meta["devices"], 2)
+    self.assertEqual(meta["rows"], list(bl.ROWS))
+    self.assertEqual(meta["baselines"], ["reference", "xla", "windowed_einsum"])
+    self.assertIn("--xla_gpu_threshold_for_windowed_einsum_mib=0",
+                  meta["windowed_einsum_xla_flags"])
+    self.assertEqual(meta["timing"]["max_in_flight"], 1)
+
+  def test_every_row_measured_or_explained(self):
+    cases = self.data["cases"]
+    self.assertEqual([c["case"]["schedule"] for c in cases], [s.name for s in Schedule])
+    for c in cases:
+      self.assertEqual(set(c["rows"]), set(bl.ROWS), c["case"]["key"])
+      for name, row in c["rows"].items():
+        with self.subTest(case=c["case"]["key"], row=name):
+          if row["status"] != "ok":
+            self.assertIsInstance(row["reason"], str)
+            self.assertNotEmpty(row["reason"])
+            continue
+          self.assertGreater(row["ms"], 0)
+          self.assertGreater(row["ms_min"], 0)
+          self.assertGreater(row["tflops_per_gpu"], 0)
+          self.assertLen(row["ms_repeats"], 2)
+          self.assertTrue(all(t > 0 for t in row["ms_repeats"]))
+          self.assertEqual(row["calls_per_repeat"], 2)
+          self.assertGreaterEqual(row["rotation_sets"], 2)
+      # On CPU everything runs: ours, the ideal and all three baselines.
+      for name in ("ideal", "ffi", "auto", *bl.BASELINES):
+        self.assertEqual(c["rows"][name]["status"], "ok", (c["case"]["key"], name))
+
+  def test_efficiency_and_speedup(self):
+    for c in self.data["cases"]:
+      rows = c["rows"]
+      ours, ideal = rows["ffi"]["ms"], rows["ideal"]["ms"]
+      self.assertEqual(c["ours_ms"], ours)
+      self.assertEqual(c["ideal_ms"], ideal)
+      self.assertAlmostEqual(c["efficiency"], ideal / ours, places=9)
+      best = min(bl.BASELINES, key=lambda n: rows[n]["ms"])
+      self.assertEqual(c["best_baseline"], best)
+      self.assertAlmostEqual(c["speedup"], rows[best]["ms"] / ours, places=9)
+      for name, row in rows.items():
+        self.assertAlmostEqual(row["efficiency"], ideal / row["ms"], places=9, msg=name)
+        self.assertAlmostEqual(row["tflops_per_gpu"],
+                               c["case"]["flops_per_device"] / (row["ms"] * 1e9), places=9)
+
+  def test_correctness_recorded(self):
+    for c in self.data["cases"]:
+      self.assertTrue(c["passed"], c["failures"])
+      self.assertLess(c["rel_err"], c["eps"])
+      for name in bl.GATED:
+        self.assertTrue(c["rows"][name]["correct"], name)
+      self.assertIsInstance(c["rows"]["windowed_einsum"]["rel_err"], float)
+      self.assertIn(c["rows"]["auto"]["resolved"], ("ffi", "xla"))
+
+  def test_local_gemm_hook_reports_none(self):
+    for c in self.data["cases"]:
+      lg = c["local_gemm"]
+      self.assertIsNone(lg["ratio"])
+      self.assertEqual(lg["note"], bl.LOCAL_GEMM_NOTE)
+      self.assertEqual(lg["xla_dot"]["status"], "ok")
+      self.assertGreater(lg["xla_dot"]["ms"], 0)
+
+  def test_plot_written(self):
+    if not _have_matplotlib():
+      self.skipTest("matplotlib is not installed")
+    with open(self.png_path, "rb") as f:
+      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+class BenchCliTest(absltest.TestCase):
+
+  def test_suite_list(self):
+    proc = run_bench(["--suite", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    lines = [l for l in proc.stdout.splitlines() if "/TP2" in l]
+    self.assertLen(lines, 12)
+    self.assertNotIn("windowed-einsum child", proc.stderr)
+
+  def test_suite_schedule_filter(self):
+    proc = run_bench(["--suite", "--schedule", "RS-TilA", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    lines = [l for l in proc.stdout.splitlines() if "/TP2" in l]
+    self.assertLen(lines, 5)
+    self.assertTrue(all(l.startswith("RS-TilA") for l in lines), lines)
+
+  def test_suite_excludes_shape_flags(self):
+    proc = run_bench(["--suite", "--m", "128", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn("--suite", proc.stderr)
+
+
+class BenchLibTest(absltest.TestCase):
+
+  def test_standard_suite(self):
+    suite = bl.standard_suite()
+    self.assertLen(suite, 12)
+    for schedule in (Schedule.AllGather1D_TilingCD_RotatingA,
+                     Schedule.ReduceScatter1D_TilingA_RotatingC):
+      self.assertEqual([(m, k, n) for s, m, k, n in suite if s == schedule],
+                       list(bl.STANDARD_SHAPES))
+    for schedule in Schedule:
+      self.assertIn((schedule, *bl.SEED_SHAPE), suite)
+    for s, m, k, n in bl.standard_suite(bl.CPU_SUITE_SCALE):
+      self.assertIsNone(bl.Case(s, m, k, n, tp=2).invalid_reason())
+
+  def test_rotation_sets(self):
+    l2 = 60 * 2**20
+    kw = dict(l2_bytes=l2, budget_bytes=8 * 2**30, max_sets=32)
+    self.assertEqual(bl.rotation_sets(2 * 2**30, **kw), 2)  # large: still never the same buffer
+    self.assertEqual(bl.rotation_sets(48 * 2**20, **kw), 3)  # total > 2 x L2
+    self.assertEqual(bl.rotation_sets(1024, **kw), 32)  # tiny: capped
+    self.assertEqual(bl.rotation_sets(6 * 2**30, **kw), 1)  # over budget: one set
+
+  def test_case_shapes(self):
+    m, k, n, tp = 8, 16, 32, 2
+    ideal = {s: bl.Case(s, m, k, n, tp=tp).ideal_shapes() for s in Schedule}
+    self.assertEqual(ideal[Schedule.AllGather1D_TilingCD_RotatingA], ((8, 16), (16, 16), (8, 16)))
+    self.assertEqual(ideal[Schedule.AllGather1D_TilingCD_RotatingB], ((4, 16), (16, 32), (4, 32)))
+    for s in (Schedule.ReduceScatter1D_TilingA_RotatingC,
+              Schedule.ReduceScatter1D_TilingB_RotatingC):
+      self.assertEqual(ideal[s], ((8, 8), (8, 32), (8, 32)))
+    for s in Schedule:  # the ideal is exactly one device's share of the FLOPs
+      (im, ik), (_, in_), _ = ideal[s]
+      self.assertEqual(2 * im * ik * in_, bl.Case(s, m, k, n, tp=tp).flops_per_device)
+    self.assertIn("not divisible",
+                  bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 7, 16, 32).invalid_reason())
+    self.assertIsNone(
+        bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 8, 7, 32).invalid_reason())
+
+  def test_unsupported_implementation_is_reported(self):
+    devices = tu.cpu_devices(2)
+    case = bl.Case(Schedule.ReduceScatter1D_TilingA_RotatingC, 32, 16, 64, tp=2)
+    opts = bl.Options(iterations=2, warmup=1, repeats=2, max_in_flight=1,
+                      want=frozenset({"ideal", "ffi", "auto", "reference", "xla"}))
+    with mock.patch.object(api, "ffi_unsupported_reason", return_value="forced by the test"):
+      got = bl.run_case(case, 0, devices, opts, lambda msg: None)
+    rows = got["rows"]
+    self.assertEqual(rows["ffi"]["status"], "unsupported")
+    self.assertIn("forced by the test", rows["ffi"]["reason"])
+    self.assertEqual(rows["auto"]["resolved"], "xla")
+    result = bl.finalize_case(case, rows, got["data"], opts)
+    self.assertTrue(result["passed"], result["failures"])
+    self.assertIsNone(result["ours_ms"])
+    self.assertIsNone(result["efficiency"])
+    self.assertEqual(result["rows"]["windowed_einsum"]["status"], "skipped")
+    self.assertIn("unsupported: NotImplementedError", bl.case_block(result, 1, 1))
+    self.assertIn("n/a[", bl.summary_table([result]))
+    json.dumps(bl.sanitize(result), allow_nan=False)
+
+  def test_eps_gate(self):
+    case = bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 8, 8, 8)
+    ok = {"status": "ok", "ms": 2.0, "rel_err": 1e-3}
+    for bad_err in (0.5, float("nan")):
+      rows = {"ideal": {"status": "ok", "ms": 1.0}, "ffi": dict(ok, rel_err=bad_err),
+              "auto": dict(ok), "reference": {"status": "ok", "ms": 4.0, "rel_err": 0.0},
+              "xla": dict(ok, ms=3.0)}
+      result = bl.finalize_case(case, rows, {}, bl.Options())
+      self.assertFalse(result["passed"])
+      self.assertFalse(result["rows"]["ffi"]["correct"])
+      self.assertTrue(result["rows"]["auto"]["correct"])
+      self.assertEqual(result["best_baseline"], "xla")
+      self.assertAlmostEqual(result["speedup"], 1.5)
+      self.assertAlmostEqual(result["efficiency"], 0.5)
+      self.assertTrue(math.isfinite(json.loads(json.dumps(bl.sanitize(result)))["efficiency"]))
+
+
+if __name__ == "__main__":
+  absltest.main()
