@@ -216,9 +216,10 @@ def main(argv=None) -> int:
     return 1
 
   # -- Profiling --------------------------------------------------------------------------------
-  # NOTE: on fake CPU devices every call is waited for: XLA:CPU can deadlock when many
-  # multi-device executions are in flight at once (seen with 100 at TP=8 on 2 cores, for XLA's
-  # own collectives too).  GPUs run the calls back to back, as the CUTLASS example does.
+  # NOTE: on fake CPU devices every call is waited for: with jaxlib 0.11.2, XLA:CPU deadlocks
+  # when many multi-device executions are in flight at once (100 at TP=8 on 2 cores: XLA's own
+  # collectives abort the process, the CPU executor's waits time out; not seen with 0.12.0.1).
+  # GPUs run the calls back to back, as the CUTLASS example does.
   wait_each = platform == "cpu"
   # Keep the outputs (when they fit in 1 GiB per device) so that a failed call cannot hide
   # behind the last one: an error surfaces only through the output of the failing call.
