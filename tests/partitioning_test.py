@@ -317,19 +317,39 @@ class GradientTest(parameterized.TestCase):
     for got, want in zip(g(xd, wd), self.reference_grads(x, w)):
       self.assertLess(test_util.rel_err(got, np.asarray(want)), 1e-5)
     c = counts(g, xd, wd)
-    # Forward fused; the backward's dual is fused too except where x carries a batch dim into
-    # RotatingB's dw on the auto path (xT's folded B*M rows cannot be sharded (data, tp)).
-    fused = 1 if (path == "auto" and schedule == AG_B) else 2
-    self.assertEqual(c["jax_distgemm"], fused, c)
+    # Forward and the backward's dual fused (on the auto path the partitioner finds the dual
+    # from the primals' shardings); the one all-gather is the operand the other GEMM needs.
+    self.assertEqual(c["jax_distgemm"], 2, c)
     self.assertEqual(c["reduce-scatter"], 0, c)
+    self.assertEqual(c["all-gather"], 1, c)
     self.assertEqual(c["all-reduce"], 1, c)  # dw summed over "data"
 
   @parameterized.parameters(*Schedule)
-  def test_grads_1d_auto_unbatched(self, schedule):
+  def test_grad_of_grad_auto(self, schedule):
+    mesh = mesh_2x4()
+    x_spec, w_spec, out_spec = layout(schedule, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    vx = jnp.cos(jnp.arange(x.size, dtype=jnp.float32)).reshape(x.shape)
+    vw = jnp.sin(jnp.arange(w.size, dtype=jnp.float32)).reshape(w.shape)
+
+    def hvp(f):
+      g = jax.grad(f, (0, 1))
+      return jax.jit(jax.grad(lambda a, b: jnp.vdot(g(a, b)[0], vx) + jnp.vdot(g(a, b)[1], vw),
+                              (0, 1)))
+
+    ours = hvp(lambda a, b: jnp.sum(jnp.sin(jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, out_spec), implementation="ffi"))))(xd, wd)
+    ref = hvp(lambda a, b: jnp.sum(jnp.sin(a @ b)))(x, w)
+    for got, want in zip(ours, ref):
+      self.assertLess(test_util.rel_err(got, np.asarray(want)), 1e-5)
+
+  @parameterized.product(schedule=tuple(Schedule), batched=(False, True))
+  def test_grads_1d_auto(self, schedule, batched):
     mesh = test_util.mesh_1d(8)
     x_spec, w_spec, out_spec = layout(schedule, data=False)
-    x_spec, out_spec = P(*x_spec[1:]), P(*out_spec[1:])  # no batch dim
-    (x, w), (xd, wd) = put(mesh, x_spec, w_spec, x_shape=(M, K))
+    if not batched:
+      x_spec, out_spec = P(*x_spec[1:]), P(*out_spec[1:])
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec, x_shape=(B, M, K) if batched else (M, K))
     f = lambda a, b: jnp.sum(jnp.sin(jax_distgemm.collective_matmul(
         a, b, out_sharding=NamedSharding(mesh, out_spec), implementation="ffi")))
     g = jax.jit(jax.grad(f, (0, 1)), out_shardings=(xd.sharding, wd.sharding))

@@ -29,8 +29,9 @@ How the shardings are known:
     custom_partitioning has no JVP, so this path has a jit-level custom_vjp: dx = g @ wT and
     dw = xT @ g are two more partitioned ops, each asked for its primal's sharding, so the
     partitioner emits the dual fused op where the table allows (and the plain dot, gathering
-    only what it needs, elsewhere).  One gap: with a batch dim on x and a 2-D w, RotatingB's
-    dw contracts over B*M, whose global fold cannot carry (data, tp), so it runs as a dot.
+    only what it needs, elsewhere).  With a batch dim on x and a 2-D w, dw sums over the batch
+    too: a separate op folds it into the contraction per shard (a global fold of [B, M] could
+    not carry the (data, tp) sharding).
 """
 
 from __future__ import annotations
@@ -383,6 +384,7 @@ class _AutoConfig:
   fallback: str
   w_batched: bool
   with_like: bool = False  # out_spec is that of a third operand (the backward's ops)
+  fold_rank: int = 0  # > 0: the weight-gradient op sum_{batch, m} x[.., m, :]T g[.., m, :]
 
 
 def _dot_plan(x_spec, w_spec, x_ndim: int, w_ndim: int) -> Plan:
@@ -414,7 +416,55 @@ def _dot_body(p: Plan, o: _Options):
   return body
 
 
+def _fold_partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
+  """Partition of the weight-gradient op dw [K, N] = sum over (batch, m) of xT g.
+
+  x [B.., M, K] and g [B.., M, N] are folded per shard ([K, b*m] and [b*m, N], a local
+  reshape), which needs x and g sharded alike on the batch dims and M; the contraction is then
+  the set of mesh axes of those dims (order is irrelevant to a sum): with "tp" among them the
+  table's ReduceScatter rows apply, with "tp" on x's K and g's N its AllGather rows.
+  """
+  del result_shape
+  o = cfg.options
+  xs, gs, like = arg_shapes
+  nd = len(xs.shape)
+  xe, ge = _entries(xs.sharding.spec, nd, "x"), _entries(gs.sharding.spec, nd, "g")
+  named = lambda s: NamedSharding(mesh, s)
+  p = None
+  if xe[:-1] == ge[:-1]:
+    axes = [a for e in xe[:-1] for a in e]
+    contraction = tuple(a for a in axes if a != o.axis) + ((o.axis,) if o.axis in axes else ())
+    p = plan(_spec([xe[-1], contraction]), _spec([contraction, ge[-1]]), like.sharding.spec,
+             x_ndim=2, w_ndim=2, axis=o.axis)
+  if p is not None and p.schedule is not None:
+    body = _fused_body(p, o)
+    site = next(_call_sites)
+
+    def lower_fn(x, g, unused_like):
+      k, n = x.shape[-1], g.shape[-1]
+      xt = jnp.moveaxis(x.reshape(-1, k), -1, 0)
+      with primitives.call_site(site):
+        return body(xt, g.reshape(-1, n))
+    return mesh, lower_fn, named(p.out_spec), (xs.sharding, gs.sharding, like.sharding)
+  # The plain dot: per dim, keep the prefix of axes x and g share (so the fold stays local);
+  # the rest is gathered by XLA; partial sums over the kept axes are psum'd.
+  common = [tuple(a for a, _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(a, b)))
+            for a, b in zip(xe[:-1], ge[:-1])]
+  summed = tuple(a for e in common for a in e)
+  k = xe[-1] if not set(summed) & set(xe[-1]) else ()
+  n = ge[-1] if not set(summed + k) & set(ge[-1]) else ()
+  d = Plan(None, _spec(common + [k]), _spec(common + [n]), _spec([k, n]), psum_axes=summed)
+  dot = _dot_body(d, o)
+
+  def dot_fn(x, g, unused_like):
+    kk, nn = x.shape[-1], g.shape[-1]
+    return dot(jnp.moveaxis(x.reshape(-1, kk), -1, 0), g.reshape(-1, nn))
+  return mesh, dot_fn, named(d.out_spec), (named(d.x_spec), named(d.w_spec), like.sharding)
+
+
 def _partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
+  if cfg.fold_rank:
+    return _fold_partition(cfg, mesh, arg_shapes, result_shape)
   o = cfg.options
   xs, ws = arg_shapes[:2]
   x_spec, w_spec = xs.sharding.spec, ws.sharding.spec
@@ -448,11 +498,17 @@ def _auto_op(cfg: _AutoConfig):
   """The custom_partitioning op of one configuration (its partition callback is the table)."""
 
   def math(x, w, *unused_like):
+    if cfg.fold_rank:  # the weight gradient: x [B.., M, K], w = g [B.., M, N] -> [K, N]
+      x, w = _fold_batch(jnp.swapaxes(x, -1, -2), w)
     return _dot(x, w, cfg.options)  # the global meaning (also the unpartitioned lowering)
 
+  if cfg.fold_rank:
+    batch = " ".join(f"b{i}" for i in range(cfg.fold_rank - 2))
+    rule = f"{batch} m k, {batch} m n, p q -> r s"
+  else:
+    rule = SHARDING_RULES[(cfg.w_batched, cfg.with_like)]
   op = custom_partitioning(math)
-  op.def_partition(partition=functools.partial(_partition, cfg),
-                   sharding_rule=SHARDING_RULES[(cfg.w_batched, cfg.with_like)])
+  op.def_partition(partition=functools.partial(_partition, cfg), sharding_rule=rule)
   return op
 
 
@@ -488,9 +544,11 @@ def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
   dx = op(g, t(w), x, x.dtype)
   if w.ndim > 2 or x.ndim == 2:
     dw = op(t(x), g, w, w.dtype)
-  else:
-    xt, gf = _fold_batch(t(x), g)
-    dw = op(xt, gf, w, w.dtype)
+  else:  # sum over the batch dims too, folded per shard (a global fold could not be sharded)
+    c = dataclasses.replace(cfg, options=dataclasses.replace(cfg.options, out_dtype=w.dtype),
+                            out_spec=None, fallback="dot", w_batched=False, with_like=True,
+                            fold_rank=x.ndim)
+    dw = _auto_weight_grad(x, g, w, c)
   return dx, dw
 
 
@@ -514,6 +572,29 @@ def _auto_matmul_like_bwd(cfg, res, g):
 
 
 _auto_matmul_like.defvjp(_auto_matmul_like_fwd, _auto_matmul_like_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _auto_weight_grad(x, g, like, cfg: _AutoConfig):
+  return _auto_op(cfg)(x, g, like)
+
+
+def _auto_weight_grad_fwd(x, g, like, cfg):
+  return _auto_weight_grad(x, g, like, cfg), (x, g, like)
+
+
+def _auto_weight_grad_bwd(cfg, res, h):
+  """dw = sum xT g is bilinear: d x = g @ hT and d g = x @ h (grad of grad)."""
+  x, g, like = res
+  base = dataclasses.replace(cfg, fold_rank=0, w_batched=False)
+  op = lambda a, b, to: _auto_matmul_like(
+      a, b, to, dataclasses.replace(base, options=dataclasses.replace(
+          base.options, out_dtype=to.dtype)))
+  h = h.astype(x.dtype)
+  return op(g, jnp.swapaxes(h, -1, -2), x), op(x, h, g), jnp.zeros_like(like)
+
+
+_auto_weight_grad.defvjp(_auto_weight_grad_fwd, _auto_weight_grad_bwd)
 
 
 def _auto(x, w, out_spec, out_sharding, fallback: str, o: _Options, mesh):
