@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     xd, yd = jax.device_put(x, one), jax.device_put(y, one)
     dense_losses = [float(dense_step(dense, dense_opt, xd, yd)) for _ in range(args.steps)]
 
-  # -- Report ---------------------------------------------------------------------------------------
+  # -- Report --------------------------------------------------------------------------------------
   print(f"{'step':>4}  {'tensor-parallel':>16}  {'one device':>16}  {'rel diff':>9}")
   worst = 0.0
   for i, (a, b) in enumerate(zip(tp_losses, dense_losses)):

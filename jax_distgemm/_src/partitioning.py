@@ -198,7 +198,7 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
   return Plan(schedule, _spec(xe), _spec(we), _spec(out), psum_axes)
 
 
-# -- Per-shard bodies -------------------------------------------------------------------------------
+# -- Per-shard bodies ------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class _Options:
@@ -250,7 +250,7 @@ def _is_explicit(a, axis: str) -> bool:
   return dict(zip(mesh.axis_names, mesh.axis_types))[axis] == jax.sharding.AxisType.Explicit
 
 
-# -- Reading shardings --------------------------------------------------------------------------------
+# -- Reading shardings -----------------------------------------------------------------------------
 
 def _known_spec(a, axis):
   """(spec, mesh) of `a` if its sharding is known at trace time, else None."""
@@ -287,7 +287,7 @@ def _out_spec_of(out_sharding):
       f"{type(out_sharding).__name__}")
 
 
-# -- Public entry point -------------------------------------------------------------------------------
+# -- Public entry point ----------------------------------------------------------------------------
 
 def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
                       fallback: str = "error", in_specs: Sequence | None = None,
