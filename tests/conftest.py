@@ -8,6 +8,10 @@ repository root left out of sys.path; every later import gets that module from s
 sys.path is then restored (a test may still import `tests.test_util` from the root).  Editable
 installs are unaffected: their import hook comes first either way.  Importing the package does
 not start JAX's backends, so test_util can still request its fake CPU devices.
+
+Child interpreters that tests start (`python -m jax_distgemm.bench`, the examples) would put
+their working or script directory first in the same way; PYTHONSAFEPATH=1 (Python >= 3.11)
+stops that, so they import the installed package too.
 """
 
 import os
@@ -20,3 +24,5 @@ try:
   import jax_distgemm  # noqa: F401
 finally:
   sys.path[:] = _saved_path
+
+os.environ["PYTHONSAFEPATH"] = "1"
