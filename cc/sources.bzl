@@ -42,6 +42,7 @@ CUDA_HOST_SRCS = [
     "cuda/peer_state.cc",
 ]
 CUDA_KERNEL_SRCS = [
+    "cuda/combine_kernels.cu",
     "cuda/sm90_gemm_bf16_bf16_coop128x256.cu",
     "cuda/sm90_gemm_bf16_bf16_coop256x128.cu",
     "cuda/sm90_gemm_bf16_bf16_pingpong128x128_c1x2.cu",
@@ -52,12 +53,14 @@ CUDA_KERNEL_SRCS = [
 ]
 CUDA_HDRS = [
     "cuda/autotune.h",
+    "cuda/combine_kernels.h",
     "cuda/distgemm_cuda.h",
     "cuda/executor.h",
     "cuda/gemm_kernels.h",
     "cuda/peer_state.h",
     "cuda/sm90_gemm.cuh",
     "cuda/stage_sync.h",
+    "cuda/stage_sync_device.cuh",
 ]
 CUDA_MODULE_SRCS = [
     "bindings/cuda_module.cc",

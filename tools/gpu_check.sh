@@ -2,12 +2,14 @@
 # One command for the GPU machine (nvidia-h200-x2): install the package, run the GPU tests twice
 # (the verdict must repeat), then the benchmark suite.  Logs and JSON land in $OUT (or ./gpu_out).
 #
-#   tools/gpu_check.sh [--tests-only | --bench-only] [extra bench args...]
+#   tools/gpu_check.sh [--tests-only | --bench-only] [bench args...]   (default bench: --suite)
 #
-# Installs, in order of preference: a cp312 wheel carried in .carry/ (built on the dev machine
-# with `tools/build_wheel.sh`), else builds from source here (needs CUTLASS headers: pip's
-# nvidia-cutlass or .carry/cutlass_include).  Fails if the GPU tests skip on a machine that
-# has two Hopper GPUs.
+# Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / BENCH_TIMEOUT (seconds), GPU_TEST_ARGS (more
+# test files/filters; default: the Flax layer tests through CUDA, "tests/nnx_test.py -k Cuda").
+# Installs, in order of preference: a cp312 wheel carried in .carry/ (pip wheel . on the dev
+# machine), prebuilt modules in .carry/modules/ (_distgemm_*.so from a CMake build there), else
+# builds from source here (needs CUTLASS headers: pip's nvidia-cutlass or .carry/cutlass_include).
+# Fails if the GPU tests skip on a machine that has two Hopper GPUs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,6 +39,10 @@ WHEEL=$(ls .carry/jax_distgemm-*.whl 2>/dev/null | head -1 || true)
 if [[ -n "$WHEEL" ]]; then
   log "installing $WHEEL"
   $PY -m pip install -q --no-deps --no-index --target "$SITE" "$WHEEL"
+elif ls .carry/modules/_distgemm_cuda*.so >/dev/null 2>&1; then
+  log "using prebuilt modules from .carry/modules"
+  cp -r jax_distgemm "$SITE/"
+  cp .carry/modules/_distgemm_*.so "$SITE/jax_distgemm/ffi/"
 else
   log "no carried wheel: building from source"
   CUTLASS_ARG=""
@@ -58,9 +64,9 @@ $PY -c "import jax_distgemm, jax_distgemm.ffi as f; print('jax_distgemm from', j
 status=0
 # -- GPU tests, twice ------------------------------------------------------------------------------
 if [[ "$MODE" != --bench-only ]]; then
-  for run in 1 2; do
+  for run in $(seq 1 "${GPU_TEST_RUNS:-2}"); do
     set +e
-    JAX_DISTGEMM_REQUIRE_GPU=1 timeout 400 $PY -m pytest -q -rs tests/cuda_test.py ${GPU_TEST_ARGS:-} \
+    JAX_DISTGEMM_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest -q -rs tests/cuda_test.py ${GPU_TEST_ARGS-tests/nnx_test.py -k Cuda} \
       > "$OUT/gpu_tests_run$run.log" 2>&1
     rc=$?
     set -e
@@ -73,7 +79,8 @@ fi
 # -- Benchmark -----------------------------------------------------------------------------------
 if [[ "$MODE" != --tests-only ]]; then
   set +e
-  timeout 500 $PY -m jax_distgemm.bench --suite --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" \
+  [[ $# -eq 0 ]] && set -- --suite --local-gemm
+  timeout "${BENCH_TIMEOUT:-500}" $PY -m jax_distgemm.bench --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" \
     > "$OUT/bench.log" 2>&1
   rc=$?
   set -e

@@ -1,6 +1,7 @@
 #include "cc/cuda/autotune.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -25,6 +26,14 @@ std::mutex& Mu() {
 std::map<Key, Choice>& Cache() {
   static auto* c = new std::map<Key, Choice>();
   return *c;
+}
+
+bool LogTuning() {
+  static const bool on = [] {
+    const char* v = std::getenv("JAX_DISTGEMM_LOG_TUNING");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
 }
 
 bool AutotuneEnabled() {
@@ -103,6 +112,16 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
       trial.max_swizzle = swizzle;
       const float ms = TimeVariant(trial, stream, start, stop);
       if (ms > 0.f && (best.ms < 0.f || ms < best.ms)) best = Choice{configs[i], swizzle, ms};
+      if (LogTuning()) {
+        std::fprintf(stderr,
+                     "jax_distgemm tune: device %d m=%lld n=%lld k=%lld l=%lld %s->%s%s: %s "
+                     "swizzle %d: %.4f ms (%.1f TFLOP/s)\n",
+                     g.device, static_cast<long long>(g.ops.m), static_cast<long long>(g.ops.n),
+                     static_cast<long long>(g.ops.k), static_cast<long long>(g.ops.batch),
+                     ElemName(g.ab_type), ElemName(g.d_type), g.ops.c ? " +C" : "",
+                     GemmConfigName(configs[i]), swizzle, ms,
+                     ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / ms : 0.0);
+      }
     }
   }
   cudaEventDestroy(start);

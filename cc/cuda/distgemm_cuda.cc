@@ -24,6 +24,22 @@ bool EnvFlag(const char* name) {
   return e != nullptr && std::string(e) == "1";
 }
 
+int EnvInt(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr ? 0 : std::atoi(e);
+}
+
+// JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add forces a ReduceScatter data path (executor.h).
+int RsPathFromEnv() {
+  const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
+  if (e == nullptr) return kRsAuto;
+  const std::string v(e);
+  if (v == "remote_c") return kRsRemoteC;
+  if (v == "push") return kRsPush;
+  if (v == "copy_add") return kRsCopyAdd;
+  return kRsAuto;
+}
+
 bool SyncCheck() {
   int v = g_sync_check.load();
   if (v < 0) {
@@ -94,7 +110,11 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.timeout_ms = timeout_ms;
   options.skip_signals = device_ordinal == g_fault_device.load();
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
+  static const int rs_path = RsPathFromEnv();
+  static const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");
   options.poison_output = poison;
+  options.rs_path = rs_path;
+  options.ag_chunks = ag_chunks;
   if (std::string err = EnqueueDistGemm(p, rank, *group, buffers, options, stream); !err.empty()) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + err);
   }

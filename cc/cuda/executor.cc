@@ -2,27 +2,32 @@
 //
 // AllGather (push into the symmetric workspace, copy engine):
 //
-//   main stream  : [stage 0: own shard]  [stage 1: wait flag[1] | slot 0]  ...  <wait join>
-//   copy stream  :  push shard -> (r-1)%TP slot 0, flag[1]=e;  push -> (r-2)%TP slot 1, ...
+//   main stream  : [stage 0: own shard] [stage 1: chunk 0 | chunk 1 ...] ...        <join>
+//   copy stream  :  push chunk 0 -> (r-1)%TP, flag(1,0)=e; chunk 1, flag(1,1)=e; ...
+//                   push -> (r-2)%TP for its stage 2 ...
 //
 //   Stage 0 starts at once on the local shard while the copy engine pushes this device's
-//   shard into every peer's slot (the peer that needs it soonest first).
+//   shard into every peer's slot (the peer that needs it soonest first).  Optionally
+//   (JAX_DISTGEMM_AG_CHUNKS) the shard travels in chunks and stage i runs one GEMM per chunk,
+//   each waiting only for its own chunk.
 //
-// ReduceScatter (ring; running sums pushed by the epilogue's TMA store into the right
-// neighbour's workspace):
+// ReduceScatter (ring; the running sum of stage i feeds the right neighbour's stage i+1):
 //
-//   stage 0      : D -> right's slot 0                         (no C)
-//   stage i      : signal right.flag[i] (stage i-1 done) | wait flag[i] (left's stage i-1 in
-//                  my slot i-1) | C = my slot i-1, D -> right's slot i
-//   stage TP-1   : ...                                         C = my slot TP-2, D -> out
+//   kRemoteC  (default) stage i: signal right.flag(i) (my stage i-1 is done) | wait flag(i) |
+//                      C = left's slot i-1 (remote read), D = my slot i (out at the last)
+//   kPush     as kRemoteC with C = my slot i-1 and D = right's slot i (remote store)
+//   kCopyAdd  TP=2: stage 0 D = my slot 0; copy engine: slot 0 -> right's recv slot,
+//             flag(1)=e; stage 1 D = out (no C); add kernel: wait flag(1) | out += recv
 //
-// Slots are indexed [parity][stage] with parity = epoch % 2 (peer_state.h explains why that
+// Slots are indexed [parity][slot] with parity = epoch % 2 (peer_state.h explains why that
 // suffices without a trailing barrier).
 #include "cc/cuda/executor.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "cc/cuda/autotune.h"
+#include "cc/cuda/combine_kernels.h"
 #include "cc/cuda/gemm_kernels.h"
 #include "cc/schedules/ring_1d.h"
 
@@ -30,7 +35,6 @@ namespace jax_distgemm::cuda {
 namespace {
 
 constexpr size_t kSlotAlign = 256;
-
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 // Bytes of one slot: the rotating shard (AllGather) or one running sum (ReduceScatter).
@@ -42,13 +46,46 @@ size_t SlotBytes(const Problem& p) {
   return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
 }
 
+// Slots per parity: TP-1 (one per stage that receives), and at TP=2 ReduceScatter two (the
+// local partial and the received one of kCopyAdd), whichever path runs.
+int SlotsPerParity(const Problem& p) {
+  return (!IsAllGather(p.schedule) && p.tp == 2) ? 2 : p.tp - 1;
+}
+
 uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
-  const int per_parity = p.tp - 1;
-  return d.workspace + (static_cast<size_t>(epoch & 1u) * per_parity + index) * SlotBytes(p);
+  return d.workspace +
+         (static_cast<size_t>(epoch & 1u) * SlotsPerParity(p) + index) * SlotBytes(p);
 }
 
 const uint8_t* At(const void* base, int64_t elem_offset, ElemType t) {
   return static_cast<const uint8_t*>(base) + elem_offset * ElemSize(t);
+}
+
+// Chunks the rotating shard travels in (JAX_DISTGEMM_AG_CHUNKS; default 1).  Measured on 2x
+// H200 (docs/performance.md, 2026-11-30): splitting stage i into per-chunk GEMMs cost more than
+// the earlier start gained on the suite shapes, so chunking is opt-in.
+int AgChunks(const Problem& p, const CallOptions& o) {
+  const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
+  // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
+  if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched) || o.ag_chunks <= 1) return 1;
+  const int64_t extent = rot_a ? p.xm : p.wn;
+  const int want = std::min(o.ag_chunks, kMaxChunks);
+  // Keep chunks whole tiles (256 rows or columns) so the split costs no partial tiles.
+  return static_cast<int>(std::clamp<int64_t>(extent / 256, 1, want));
+}
+
+// [begin, end) of chunk c of `extent` split in `chunks`, aligned to 128.
+void ChunkRange(int64_t extent, int chunks, int c, int64_t* begin, int64_t* end) {
+  const int64_t size = RoundUp(static_cast<size_t>((extent + chunks - 1) / chunks), 128);
+  *begin = std::min<int64_t>(extent, c * size);
+  *end = c == chunks - 1 ? extent : std::min<int64_t>(extent, (c + 1) * size);
+}
+
+// kRemoteC unless JAX_DISTGEMM_RS_PATH says otherwise: on 2x H200 it matched or beat kPush and
+// kCopyAdd on the suite shapes (docs/performance.md, 2026-11-30).
+RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
+  if (o.rs_path == kRsAuto) return kRsRemoteC;
+  return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
 }
 
 GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions& o,
@@ -84,6 +121,10 @@ std::string Launch(GemmLaunch& g, cudaStream_t stream, int stage) {
   return "";
 }
 
+std::string CudaFailure(const char* what) {
+  return std::string(what) + ": " + cudaGetErrorString(cudaGetLastError());
+}
+
 template <class Sched>
 std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
                              const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
@@ -92,56 +133,86 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   const int tp = p.tp;
   const void* shard = kRotA ? b.x : b.w;
   const size_t shard_bytes = (kRotA ? p.XElems() : p.WElems()) * ElemSize(p.in_type);
+  const int chunks = AgChunks(p, o);
+  const int64_t extent = kRotA ? p.xm : p.wn;  // split dimension of the shard
+  const size_t isz = ElemSize(p.in_type);
 
   // Pushes on the copy stream, after the inputs are ready on the main stream.
   if (tp > 1) {
     if (cudaEventRecord(me.fork, stream) != cudaSuccess ||
         cudaStreamWaitEvent(me.copy_stream, me.fork, 0) != cudaSuccess) {
-      return std::string("fork copy stream: ") + cudaGetErrorString(cudaGetLastError());
+      return CudaFailure("fork copy stream");
     }
     for (int i = 1; i < tp && !o.skip_signals; ++i) {
       DeviceState& target = group.dev(Sched::PushTarget(rank, i, tp));
-      cudaError_t e = cudaMemcpyAsync(Slot(target, p, epoch, i - 1), shard, shard_bytes,
-                                      cudaMemcpyDeviceToDevice, me.copy_stream);
-      if (e == cudaSuccess) e = StreamWriteValue32(me.copy_stream, target.flags + i, epoch);
-      if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
+      uint8_t* dst = Slot(target, p, epoch, i - 1);
+      for (int c = 0; c < chunks; ++c) {
+        cudaError_t e;
+        if (chunks == 1) {
+          e = cudaMemcpyAsync(dst, shard, shard_bytes, cudaMemcpyDeviceToDevice, me.copy_stream);
+        } else {
+          int64_t lo, hi;
+          ChunkRange(extent, chunks, c, &lo, &hi);
+          if (kRotA) {  // rows of x: contiguous
+            e = cudaMemcpyAsync(dst + lo * p.xk * isz, At(shard, lo * p.xk, p.in_type),
+                                (hi - lo) * p.xk * isz, cudaMemcpyDeviceToDevice, me.copy_stream);
+          } else {  // columns of w [K, wn]: a 2-D copy
+            e = cudaMemcpy2DAsync(dst + lo * isz, p.wn * isz, At(shard, lo, p.in_type),
+                                  p.wn * isz, (hi - lo) * isz, p.wk, cudaMemcpyDeviceToDevice,
+                                  me.copy_stream);
+          }
+        }
+        if (e == cudaSuccess) {
+          e = StreamWriteValue32(me.copy_stream, target.flags + FlagIndex(i, c), epoch);
+        }
+        if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
+      }
     }
     if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess) {
-      return std::string("join copy stream: ") + cudaGetErrorString(cudaGetLastError());
+      return CudaFailure("join copy stream");
     }
   }
 
   for (int i = 0; i < tp; ++i) {
     const int tile = Sched::OutputTile(rank, i, tp);
-    GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
     const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
     const void* rotating = i == 0 ? shard : Slot(me, p, epoch, i - 1);
-    g.ops.a = kRotA ? rotating : At(b.x, av.offset, p.in_type);
-    g.ops.lda = av.ld;
-    g.ops.batch_stride_a = av.batch_stride;
-    g.ops.b = kRotA ? At(b.w, bv.offset, p.in_type) : rotating;
-    g.ops.ldb = bv.ld;
-    g.ops.batch_stride_b = bv.batch_stride;
-    g.ops.d = const_cast<uint8_t*>(At(b.out, ov.offset, p.out_type));
-    g.ops.ldd = ov.ld;
-    g.ops.batch_stride_d = ov.batch_stride;
-    if (b.c != nullptr) {
-      g.ops.c = At(b.c, ov.offset, p.out_type);
-      g.ops.ldc = ov.ld;
-      g.ops.batch_stride_c = ov.batch_stride;
-      g.ops.beta = p.beta;
+    const int n_chunks = i == 0 ? 1 : chunks;
+    for (int c = 0; c < n_chunks; ++c) {
+      int64_t lo = 0, hi = extent;
+      if (n_chunks > 1) ChunkRange(extent, n_chunks, c, &lo, &hi);
+      GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+      // The chunk is a row block of A and D (RotatingA) or a column block of B and D (RotatingB).
+      const int64_t a_off = kRotA ? lo * p.xk : 0, b_off = kRotA ? 0 : lo;
+      const int64_t d_off = kRotA ? lo * ov.ld : lo;
+      if (kRotA) g.ops.m = hi - lo; else g.ops.n = hi - lo;
+      g.ops.a = kRotA ? At(rotating, a_off, p.in_type) : At(b.x, av.offset, p.in_type);
+      g.ops.lda = av.ld;
+      g.ops.batch_stride_a = av.batch_stride;
+      g.ops.b = kRotA ? At(b.w, bv.offset, p.in_type) : At(rotating, b_off, p.in_type);
+      g.ops.ldb = bv.ld;
+      g.ops.batch_stride_b = bv.batch_stride;
+      g.ops.d = const_cast<uint8_t*>(At(b.out, ov.offset + d_off, p.out_type));
+      g.ops.ldd = ov.ld;
+      g.ops.batch_stride_d = ov.batch_stride;
+      if (b.c != nullptr) {
+        g.ops.c = At(b.c, ov.offset + d_off, p.out_type);
+        g.ops.ldc = ov.ld;
+        g.ops.batch_stride_c = ov.batch_stride;
+        g.ops.beta = p.beta;
+      }
+      if (i > 0) {
+        g.sync.wait_flag = me.flags + FlagIndex(i, c);
+        g.sync.wait_epoch = epoch;
+        g.sync.stage = i;
+        g.sync.peer = Sched::Source(rank, i, tp);
+      }
+      if (std::string err = Launch(g, stream, i); !err.empty()) return err;
     }
-    if (i > 0) {
-      g.sync.wait_flag = me.flags + i;
-      g.sync.wait_epoch = epoch;
-      g.sync.stage = i;
-      g.sync.peer = Sched::Source(rank, i, tp);
-    }
-    if (std::string err = Launch(g, stream, i); !err.empty()) return err;
   }
   // XLA may reuse the shard's buffer once we return: the pushes must be done by then.
   if (tp > 1 && cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) {
-    return std::string("join: ") + cudaGetErrorString(cudaGetLastError());
+    return CudaFailure("join");
   }
   return "";
 }
@@ -152,8 +223,12 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  cudaStream_t stream, uint32_t epoch) {
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
-  const int right = Sched::PushTarget(rank, 0, tp);
-  DeviceState& next = group.dev(right);
+  const RsPath path = ChooseRsPath(p, o);
+  DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
+  DeviceState& prev = group.dev(Sched::Source(rank, 1, tp));
+  // Where running sum i lives: the producer's slot (remote C, copy-add) or the consumer's.
+  DeviceState& store_to = path == kRsPush ? next : me;
+  DeviceState& load_from = path == kRsPush ? me : prev;
   const MatrixView pv = p.PartialView();
   for (int i = 0; i < tp; ++i) {
     const int tile = Sched::OutputTile(rank, i, tp);
@@ -172,25 +247,59 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
       g.ops.ldd = ov.ld;
       g.ops.batch_stride_d = ov.batch_stride;
     } else {
-      g.ops.d = Slot(next, p, epoch, i);  // remote: the right neighbour's workspace
+      g.ops.d = Slot(store_to, p, epoch, i);
       g.ops.ldd = pv.ld;
       g.ops.batch_stride_d = pv.batch_stride;
     }
-    if (i > 0) {
-      g.ops.c = Slot(me, p, epoch, i - 1);  // the left neighbour's running sum, pushed here
+    if (i > 0 && path != kRsCopyAdd) {
+      g.ops.c = Slot(load_from, p, epoch, i - 1);  // the left neighbour's running sum
       g.ops.ldc = pv.ld;
       g.ops.batch_stride_c = pv.batch_stride;
       g.ops.beta = 1.f;
-      g.sync.wait_flag = me.flags + i;
+      g.sync.wait_flag = me.flags + FlagIndex(i, 0);
       g.sync.wait_epoch = epoch;
       g.sync.stage = i;
       g.sync.peer = Sched::Source(rank, i, tp);
       if (!o.skip_signals) {
-        g.sync.signal_flag = next.flags + i;  // my stage i-1 output is complete in its slot
+        g.sync.signal_flag = next.flags + FlagIndex(i, 0);  // my stage i-1 output is complete
         g.sync.signal_epoch = epoch;
       }
     }
     if (std::string err = Launch(g, stream, i); !err.empty()) return err;
+    if (path == kRsCopyAdd && i == 0) {
+      // Send the finished partial while stage 1 computes: slot 0 -> right's recv slot 1.
+      if (cudaEventRecord(me.stage_done, stream) != cudaSuccess ||
+          cudaStreamWaitEvent(me.copy_stream, me.stage_done, 0) != cudaSuccess) {
+        return CudaFailure("fork copy stream");
+      }
+      if (!o.skip_signals) {
+        cudaError_t e = cudaMemcpyAsync(Slot(next, p, epoch, 1), Slot(me, p, epoch, 0),
+                                        p.PartialElems() * ElemSize(p.out_type),
+                                        cudaMemcpyDeviceToDevice, me.copy_stream);
+        if (e == cudaSuccess) e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(1, 0),
+                                                     epoch);
+        if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
+      }
+      if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess) {
+        return CudaFailure("join copy stream");
+      }
+    }
+  }
+  if (path == kRsCopyAdd) {
+    StageSync sync;
+    sync.wait_flag = me.flags + FlagIndex(1, 0);
+    sync.wait_epoch = epoch;
+    sync.timeout_ns = static_cast<uint64_t>(o.timeout_ms) * 1000000ull;
+    sync.error = group.error();
+    sync.rank = rank;
+    sync.stage = 1;
+    sync.peer = Sched::Source(rank, 1, tp);
+    if (std::string err = LaunchAddInPlace(p.out_type, b.out, Slot(me, p, epoch, 1),
+                                           p.OutElems(), sync, me.sm_count, stream);
+        !err.empty()) {
+      return err;
+    }
+    if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
   }
   return "";
 }
@@ -198,7 +307,7 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
 }  // namespace
 
 size_t WorkspaceBytes(const Problem& p) {
-  return p.tp <= 1 ? 0 : 2 * static_cast<size_t>(p.tp - 1) * SlotBytes(p);
+  return p.tp <= 1 ? 0 : 2 * static_cast<size_t>(SlotsPerParity(p)) * SlotBytes(p);
 }
 
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
@@ -209,7 +318,7 @@ std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
     // 0xFF bytes are NaN in bfloat16, float16 and float32 alike.
     const size_t bytes = static_cast<size_t>(p.OutElems()) * ElemSize(p.out_type);
     if (cudaMemsetAsync(buffers.out, 0xFF, bytes, stream) != cudaSuccess) {
-      return std::string("poison: ") + cudaGetErrorString(cudaGetLastError());
+      return CudaFailure("poison");
     }
   }
   return VisitSchedule(p.schedule, [&](auto sched) {

@@ -24,7 +24,18 @@ struct CallOptions {
   int64_t timeout_ms = 5000;
   bool skip_signals = false;  // fault injection (tests): never deliver to peers
   bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
+  // Overrides of the per-shape choices (executor.cc, ChooseRsPath / AgChunks); from the
+  // environment (JAX_DISTGEMM_RS_PATH, JAX_DISTGEMM_AG_CHUNKS), 0 / empty = automatic.
+  int rs_path = 0;
+  int ag_chunks = 0;
 };
+
+// ReduceScatter data paths.  kRemoteC: the running sum stays in its producer's slot and the
+// consumer's epilogue reads it over NVLink as C (CUTLASS's RemoteC).  kPush: the producer's
+// epilogue stores it into the consumer's slot (remote TMA store).  kCopyAdd (TP=2): each stage
+// writes locally, the copy engine moves the partial while the next stage computes, and a final
+// add kernel combines: the bytes overlap a whole stage, at the price of one elementwise pass.
+enum RsPath : int { kRsAuto = 0, kRsRemoteC = 1, kRsPush = 2, kRsCopyAdd = 3 };
 
 // Symmetric workspace bytes one device needs for `p` (double-buffered slots).
 size_t WorkspaceBytes(const Problem& p);

@@ -69,8 +69,9 @@ std::string PeerGroup::InitDevice(int rank) {
   RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
   RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
   RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
-  RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kMaxTp * sizeof(uint32_t)));
-  RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kMaxTp * sizeof(uint32_t)));
+  RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.stage_done, cudaEventDisableTiming));
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kNumFlags * sizeof(uint32_t)));
+  RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
   RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
@@ -141,7 +142,7 @@ std::string PeerGroup::Reset() {
     if (d.flags == nullptr) continue;
     RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
     RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
-    RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kMaxTp * sizeof(uint32_t)));
+    RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
     RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     d.epoch = 0;
   }

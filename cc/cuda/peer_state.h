@@ -7,8 +7,8 @@
 //   workspace  cudaMalloc'd outside XLA's pool, same size on every device, grown (never shrunk)
 //              when a larger problem arrives.  Peers write into it (AllGather pushes, the
 //              ReduceScatter running sums), so its pointer is published to the group.
-//   flags      kMaxTp uint32 epochs, written by peers: flags[i] >= e means "the data stage i of
-//              call e consumes has landed in my workspace".
+//   flags      kMaxTp x kMaxChunks uint32 epochs, written by peers: flags[FlagIndex(i, c)] >= e
+//              means "chunk c of the data stage i of call e consumes has landed".
 //   epoch      calls issued on this device (host counter; the same sequence on every device).
 //
 // Slots are double-buffered by call parity.  NOTE: why no trailing barrier is needed: a device
@@ -30,12 +30,18 @@
 namespace jax_distgemm::cuda {
 
 inline constexpr int kMaxTp = 64;
+// A stage's data may arrive in up to this many chunks, each with its own flag.
+inline constexpr int kMaxChunks = 4;
+inline constexpr int kNumFlags = kMaxTp * kMaxChunks;
+// flags[FlagIndex(stage, chunk)]
+inline constexpr int FlagIndex(int stage, int chunk) { return stage * kMaxChunks + chunk; }
 
 struct DeviceState {
   int ordinal = -1;
   int sm_count = 0;
   cudaStream_t copy_stream = nullptr;  // AllGather pushes (copy engine)
   cudaEvent_t fork = nullptr, join = nullptr;
+  cudaEvent_t stage_done = nullptr;  // ReduceScatter copy path: the partial to send is ready
   uint8_t* workspace = nullptr;
   size_t workspace_bytes = 0;
   uint32_t* flags = nullptr;

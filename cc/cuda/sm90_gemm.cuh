@@ -14,6 +14,7 @@
 
 #include "cc/cuda/gemm_kernels.h"
 #include "cc/cuda/stage_sync.h"
+#include "cc/cuda/stage_sync_device.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/grid_dependency_control.h"
 #include "cutlass/cutlass.h"
@@ -97,46 +98,6 @@ struct Sm90Gemm {
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
                                                           CollectiveMainloop, CollectiveEpilogue>;
 };
-
-// -- Stage synchronization (device) -------------------------------------------------------------
-
-CUTLASS_DEVICE uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-CUTLASS_DEVICE uint32_t LoadAcquireSys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-CUTLASS_DEVICE void StoreReleaseSys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Spins until the flag reaches the epoch or the timeout passes.  Returns true on arrival.
-CUTLASS_DEVICE bool WaitFlag(const StageSync& s) {
-  const uint64_t start = GlobalTimerNs();
-  uint32_t v = LoadAcquireSys(s.wait_flag);
-  while (static_cast<int32_t>(v - s.wait_epoch) < 0) {
-    if (GlobalTimerNs() - start > s.timeout_ns) {
-      if (s.error != nullptr && atomicCAS_system(&s.error->code, 0u, 1u) == 0u) {
-        s.error->rank = s.rank;
-        s.error->stage = s.stage;
-        s.error->peer = s.peer;
-        s.error->expected = s.wait_epoch;
-        s.error->observed = v;
-        __threadfence_system();
-      }
-      return false;
-    }
-    __nanosleep(100);
-    v = LoadAcquireSys(s.wait_flag);
-  }
-  return true;
-}
 
 // The CUTLASS kernel with StageSync in front.  Statics (SharedStorageSize, ArchTag, ...) are
 // inherited, so GemmUniversalAdapter<StageKernel<K>>::run launches it like K.

@@ -86,7 +86,7 @@ DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float1
 
 LOCAL_GEMM_NOTE = (
     "not wired: jax_distgemm exposes no single-device CUTLASS GEMM entry point yet, so "
-    "local_gemm_ratio() returns None (the XLA stage dot is measured; no CUTLASS number is made up)")
+    "local_gemm_ratio() returned no number")
 
 
 def parse_schedule(value: str) -> Schedule:
@@ -404,15 +404,25 @@ def local_gemm_ratio(case: Case, xla_stage_ms: float,
                      time_fn: Callable[[Callable], float]) -> float | None:
   """xla_stage_ms / cutlass_stage_ms for one stage GEMM of `case` (> 1: our local GEMM is faster).
 
-  HOOK, not wired yet: jax_distgemm has no single-device CUTLASS GEMM entry point.  To wire it,
-  build a jitted single-device function g(x, w) -> out that runs the CUTLASS stage kernel of
-  `case.schedule` on x [m, k], w [k, n] (m, k, n = case.stage_shape(), dtype case.dtype, output
-  case.dtype), then `return xla_stage_ms / time_fn(g)`: time_fn times g on device 0 with the same
-  rotation, warm-up and repeats as the XLA dot it is compared with, and returns ms per call.
-  Until then this returns None and the report says so (LOCAL_GEMM_NOTE); never fake a number.
+  The CUTLASS side is the fused op itself at TP=1 on one device: with a single rank its
+  schedule is exactly one stage GEMM (autotuned like every stage), no peers, no waits.  It runs
+  on the same stage-shaped operands, rotation, warm-up and repeats as the XLA dot (time_fn).
   """
-  del case, xla_stage_ms, time_fn
-  return None
+  from jax.sharding import PartitionSpec as P
+
+  import jax_distgemm  # noqa: PLC0415 - bench_lib is imported by the package's own tooling
+
+  device = jax.devices()[0]
+  mesh1 = Mesh(np.array([device]), ("tp",))
+
+  def stage(x, w):
+    body = functools.partial(jax_distgemm.distributed_matmul, axis_name="tp",
+                             schedule=Schedule.AllGather1D_TilingCD_RotatingA,
+                             implementation="ffi", out_dtype=case.jdtype)
+    return jax.shard_map(body, mesh=mesh1, in_specs=(P(), P()), out_specs=P(),
+                         check_vma=False)(x, w)
+
+  return xla_stage_ms / time_fn(stage)
 
 
 # -- Timing -----------------------------------------------------------------------------------------

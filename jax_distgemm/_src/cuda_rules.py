@@ -21,7 +21,8 @@ def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
                     out_dtype=None) -> int:
   """CUDA symmetric workspace of one call, in bytes per device (cc/cuda/executor.cc).
 
-  2 parities (double buffering) x (TP-1) slots, each 256-byte aligned and holding:
+  2 parities (double buffering) x (TP-1) slots (ReduceScatter at TP=2: 2, the local and the
+  received partial), each 256-byte aligned and holding:
   AllGather: one shard of the rotating operand (x for RotatingA, w for RotatingB), input dtype;
   ReduceScatter: one running sum of the output tile, in the output dtype (default: input).
   Shapes are the per-device (local) operand shapes.
@@ -40,7 +41,8 @@ def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
         xm * (wn // tp))
     slot = batch * tile * jnp.dtype(out_dtype or dtype).itemsize
   slot = -(-slot // _SLOT_ALIGN) * _SLOT_ALIGN
-  return 2 * (tp - 1) * slot
+  slots_per_parity = 2 if (not schedule.is_all_gather and tp == 2) else tp - 1
+  return 2 * slots_per_parity * slot
 
 
 def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:

@@ -1,0 +1,50 @@
+// Device side of StageSync: flag loads/stores with system scope and the bounded wait.
+// Included by every kernel file that synchronizes with peers.
+#pragma once
+
+#include <cstdint>
+
+#include "cc/cuda/stage_sync.h"
+
+namespace jax_distgemm::cuda {
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Spins until the flag reaches the epoch or the timeout passes.  Returns true on arrival; on
+// timeout the first waiter of the group fills the ErrorRecord.
+__device__ __forceinline__ bool WaitFlag(const StageSync& s) {
+  const uint64_t start = GlobalTimerNs();
+  uint32_t v = LoadAcquireSys(s.wait_flag);
+  while (static_cast<int32_t>(v - s.wait_epoch) < 0) {
+    if (GlobalTimerNs() - start > s.timeout_ns) {
+      if (s.error != nullptr && atomicCAS_system(&s.error->code, 0u, 1u) == 0u) {
+        s.error->rank = s.rank;
+        s.error->stage = s.stage;
+        s.error->peer = s.peer;
+        s.error->expected = s.wait_epoch;
+        s.error->observed = v;
+        __threadfence_system();
+      }
+      return false;
+    }
+    __nanosleep(100);
+    v = LoadAcquireSys(s.wait_flag);
+  }
+  return true;
+}
+
+}  // namespace jax_distgemm::cuda
