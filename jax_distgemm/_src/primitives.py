@@ -54,16 +54,21 @@ def call_site(site: int):
 
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
          beta: float, out_dtype, timeout_ms: int):
-  """Binds the primitive; c=None passes an empty operand.  c is cast to out_dtype."""
-  c = jnp.zeros((0,), out_dtype) if c is None else c.astype(out_dtype)
+  """Binds the primitive on (x, w) or (x, w, c); c is cast to out_dtype.
+
+  NOTE: without c the primitive has two operands and the lowering supplies the FFI call's
+  empty c.  A traced zero-size operand would become a zero-size shard_map argument under an
+  eager (un-jitted) shard_map, which crashes XLA:CPU's compiler (jaxlib 0.11.2).
+  """
+  operands = (x, w) if c is None else (x, w, c.astype(out_dtype))
   return distgemm_p.bind(
-      x, w, c, schedule=Schedule(schedule), axis_name=tuple(axis_name),
+      *operands, schedule=Schedule(schedule), axis_name=tuple(axis_name),
       tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
       timeout_ms=int(timeout_ms), call_site=_call_site.get())
 
 
 @distgemm_p.def_abstract_eval
-def _abstract_eval(x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
+def _abstract_eval(x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
                    call_site):
   del c, axis_name, alpha, beta, timeout_ms, call_site
   shape = output_shape(schedule, x.shape, w.shape, tp)
@@ -111,15 +116,18 @@ def _register_device_ids(platform: str):
   _registered_device_ids.add(platform)
 
 
-def _lowering(platform, ctx, x, w, c, *, schedule, axis_name, tp, alpha, beta, out_dtype,
+def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype,
               timeout_ms, call_site):
-  del out_dtype  # carried by the result type
   mesh = _concrete_mesh(ctx)
   groups = device_groups(mesh, axis_name, tp)
   _register_device_ids(platform)
+  if not c:  # the FFI call always takes c: an empty one means "no c"
+    empty = core.ShapedArray((0,), out_dtype)
+    c = (mlir.ir_constant(np.zeros((0,), out_dtype)),)
+    ctx = ctx.replace(avals_in=(*ctx.avals_in, empty))
   rule = jax.ffi.ffi_lowering(TARGET_NAME)
   return rule(
-      ctx, x, w, c,
+      ctx, x, w, *c,
       schedule=np.int32(int(schedule)),
       tp=np.int64(tp),
       groups=groups.reshape(-1),
@@ -139,10 +147,10 @@ for _platform in ("cpu", "cuda"):
 # -- vmap: a mapped axis becomes one more leading batch dim -----------------------------------------
 
 def _batch_rule(axis_data, args, dims, **params):
-  x, w, c = args
-  bx, bw, bc = dims
-  if bx is None and bw is None and bc is None:
-    return distgemm_p.bind(x, w, c, **params), None
+  x, w, *c = args
+  bx, bw, *bc = dims
+  if bx is None and bw is None and all(d is None for d in bc):
+    return distgemm_p.bind(*args, **params), None
 
   def lead(a, d):
     if d is None:
@@ -153,9 +161,8 @@ def _batch_rule(axis_data, args, dims, **params):
   if bw is not None or w.ndim > 2:
     # A batched w must carry exactly the batch dims of x.
     w = jnp.broadcast_to(lead(w, bw), x.shape[:-2] + w.shape[-2:])
-  if c.size:
-    c = lead(c, bc)
-  return distgemm_p.bind(x, w, c, **params), 0
+  c = [lead(a, d) for a, d in zip(c, bc)]
+  return distgemm_p.bind(x, w, *c, **params), 0
 
 
 batching.fancy_primitive_batchers[distgemm_p] = _batch_rule
