@@ -30,15 +30,7 @@ from jax_distgemm import ffi as ffi_modules  # noqa: E402
 REQUIRE = os.environ.get("JAX_DISTGEMM_REQUIRE_GPU") == "1"
 
 
-def hopper_gpus():
-  try:
-    gpus = jax.devices("gpu")
-  except RuntimeError:
-    return []
-  return [d for d in gpus if getattr(d, "compute_capability", "") == "9.0"]
-
-
-GPUS = hopper_gpus()
+GPUS = test_util.hopper_gpus()
 TP = 2
 
 

@@ -312,14 +312,6 @@ class CpuBf16LayerTest(LayerCases, parameterized.TestCase):
   IMPLEMENTATIONS = ("ffi",)
 
 
-def hopper_gpus():
-  try:
-    gpus = jax.devices("gpu")
-  except RuntimeError:
-    return []
-  return [d for d in gpus if getattr(d, "compute_capability", "") == "9.0"]
-
-
 class CudaLayerTest(CpuBf16LayerTest):
   """The same cases through the CUDA executor on two Hopper GPUs (bf16: the CUDA kernels take
   bf16/fp16).  Skipped, with the reason, where there are fewer; JAX_DISTGEMM_REQUIRE_GPU=1
@@ -329,7 +321,7 @@ class CudaLayerTest(CpuBf16LayerTest):
 
   @classmethod
   def devices(cls):
-    gpus = hopper_gpus()
+    gpus = test_util.hopper_gpus()
     if len(gpus) < 2:
       msg = f"needs 2 Hopper GPUs, found {len(gpus)}"
       if REQUIRE_GPU:

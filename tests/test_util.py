@@ -43,6 +43,15 @@ def cpu_devices(n: int):
   return devs[:n]
 
 
+def hopper_gpus():
+  """The visible sm_90 GPUs (empty without a GPU backend)."""
+  try:
+    gpus = jax.devices("gpu")
+  except RuntimeError:
+    return []
+  return [d for d in gpus if getattr(d, "compute_capability", "") == "9.0"]
+
+
 def mesh_1d(tp: int, devices=None, axis: str = "tp") -> jax.sharding.Mesh:
   devices = cpu_devices(tp) if devices is None else devices[:tp]
   return jax.sharding.Mesh(np.array(devices), (axis,))

@@ -77,12 +77,12 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
     return InvalidArgument("device " + std::to_string(my_id) +
                            " is not in the TP groups of this call");
   }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
   std::vector<int> ordinals(tp);
   for (int r = 0; r < tp; ++r) {
     const int64_t id = groups[group_index * tp + r];
     int found = -1;
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
     for (int o = 0; o < count; ++o) {
       if (GlobalDeviceId(kPlatformCuda, o) == id) found = o;
     }
