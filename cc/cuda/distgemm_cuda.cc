@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <exception>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -50,7 +51,7 @@ bool SyncCheck() {
   return v == 1;
 }
 
-ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
                             ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
                             ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
                             ffi::Span<const int64_t> groups, float alpha, float beta,
@@ -124,6 +125,20 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
     if (std::string err = group->PendingError(); !err.empty()) return Internal(err);
   }
   return ffi::Error::Success();
+}
+
+// No exception may cross the FFI boundary (std::terminate would take the process down).
+ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
+                            ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
+                            ffi::Span<const int64_t> groups, float alpha, float beta,
+                            int64_t call_id, int64_t timeout_ms) {
+  try {
+    return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, schedule, tp, groups,
+                            alpha, beta, call_id, timeout_ms);
+  } catch (const std::exception& e) {
+    return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
+  }
 }
 
 }  // namespace
