@@ -9,7 +9,8 @@ sees the whole GPU memory, before this process preallocates its share).
 
 Timing (docs: /work/.library/device/METHOD.md, "Time properly"): compile, warm up, then per
 repeat N back-to-back calls and one block_until_ready; the median over repeats.  Repeats are
-interleaved across implementations so that clock or thermal drift spreads over all of them.
+interleaved across implementations, in an order rotated every repeat, so that clock or thermal
+drift spreads over all of them.
 Inputs are fresh random data, rotated among several sets whose total exceeds twice the L2 size,
 so consecutive calls never reuse a buffer that is still in cache.
 """
@@ -469,7 +470,8 @@ class Timed:
 
 
 def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[str], None]):
-  """Warm-up, then `opts.repeats` rounds; in each round every live entry runs one repeat."""
+  """Warm-up, then `opts.repeats` rounds; in each round every live entry runs one repeat, in an
+  order rotated from round to round."""
   for e in entries:
     def warm(e=e):
       e.run(max(1, opts.warmup), opts.max_in_flight)
@@ -482,7 +484,10 @@ def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[st
     e.iterations, e.failure = guarded(warm)
   for r in range(opts.repeats):
     progress(f"repeat {r + 1}/{opts.repeats}")
-    for e in entries:
+    # Rotate the order each round: a row that always runs right after a heavy one (warmer
+    # GPU, lower clocks) was measured up to 8% slow on 2x H200 (docs/performance.md).
+    shift = r % max(1, len(entries))
+    for e in entries[shift:] + entries[:shift]:
       if e.failure:
         continue
       def one(e=e):
