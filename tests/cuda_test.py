@@ -89,17 +89,19 @@ class CudaCorrectnessTest(parameterized.TestCase):
       self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), "unwritten output (NaN)")
       self.assertLess(err, test_util.REL_TOL[jnp.dtype(dt)], f"call {rep}")
 
-  @parameterized.product(schedule=list(Schedule), w_batched=[False, True])
-  def test_batch_alpha_beta(self, schedule, w_batched):
+  @parameterized.product(schedule=list(Schedule), w_batched=[False, True],
+                         dtype=["bf16", "fp16"])
+  def test_batch_alpha_beta(self, schedule, w_batched, dtype):
     L, (m, k, n) = 3, SHAPES["ragged"]
-    x, w, _ = test_util.random_inputs(7, (L, m, k), (L, k, n) if w_batched else (k, n),
-                                      jnp.bfloat16)
-    c = jnp.asarray(np.random.default_rng(8).standard_normal((L, m, n)), jnp.bfloat16)
+    dt = test_util.DTYPES[dtype]
+    x, w, _ = test_util.random_inputs(7, (L, m, k), (L, k, n) if w_batched else (k, n), dt)
+    c = jnp.asarray(np.random.default_rng(8).standard_normal((L, m, n)), dt)
     _, _, out_spec = test_util.specs(schedule, 1, w_batched=w_batched)
     f, args = run_global(schedule, x, w, c, alpha=0.5, beta=-0.75, w_batched=w_batched)
     out = f(*args)
     ref = test_util.reference_np(x, w, c, alpha=0.5, beta=-0.75)
-    self.assertLess(test_util.rel_err(out, ref), 1e-2)
+    self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), "unwritten output (NaN)")
+    self.assertLess(test_util.rel_err(out, ref), test_util.REL_TOL[jnp.dtype(dt)])
 
   @parameterized.product(schedule=list(Schedule), dtype=["bf16", "fp16"])
   def test_fp32_output(self, schedule, dtype):
