@@ -21,10 +21,12 @@ COMMON_HDRS = [
 CPU_SRCS = [
     "cpu/distgemm_cpu.cc",
     "cpu/gemm_cpu.cc",
+    "cpu/shm_exchange.cc",
 ]
 CPU_HDRS = [
     "cpu/distgemm_cpu.h",
     "cpu/gemm_cpu.h",
+    "cpu/shm_exchange.h",
 ]
 CPU_MODULE_SRCS = [
     "bindings/cpu_module.cc",

@@ -35,4 +35,14 @@ int64_t GlobalDeviceId(int platform, int32_t ordinal) {
   return jt == it->second.end() ? ordinal : jt->second;
 }
 
+bool IsLocalDeviceId(int platform, int64_t id) {
+  std::lock_guard<std::mutex> lock(Mu());
+  auto it = Table().find(platform);
+  if (it == Table().end() || it->second.empty()) return true;
+  for (const auto& entry : it->second) {
+    if (entry.second == id) return true;
+  }
+  return false;
+}
+
 }  // namespace jax_distgemm

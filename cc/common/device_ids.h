@@ -14,6 +14,10 @@ void SetDeviceIds(int platform, const std::vector<int32_t>& ordinals,
                   const std::vector<int64_t>& global_ids);
 // Global id of `ordinal`, or `ordinal` itself when no table was registered.
 int64_t GlobalDeviceId(int platform, int32_t ordinal);
+// Whether global id `id` is a device of this process: one of the registered ids, or any id
+// when no table was registered (one process).  The CPU executor meets a TP group with a
+// member that is not local across processes (cc/cpu/shm_exchange.h).
+bool IsLocalDeviceId(int platform, int64_t id);
 
 inline constexpr int kPlatformCpu = 0;
 inline constexpr int kPlatformCuda = 1;

@@ -33,17 +33,34 @@ std::string Session::Barrier(int rank, int phase, const std::string& what,
   const bool ok = cv_.wait_for(lock, timeout, [&] { return all_reached() || !poisoned_.empty(); });
   if (ok && poisoned_.empty()) return "";
   if (!poisoned_.empty()) return poisoned_;
-  std::ostringstream msg;
-  msg << "rank " << rank << " of " << size_ << " timed out after " << timeout.count()
-      << " ms waiting for peers at " << what << "; missing ranks:";
+  std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
-    if (reached_[r] < phase) msg << " " << r;
+    if (reached_[r] < phase) missing.push_back(r);
   }
-  msg << ". Every device of the TP group must run the same sequence of distgemm calls; raise "
-         "the timeout with JAX_DISTGEMM_TIMEOUT_MS if peers are only slow.";
-  poisoned_ = msg.str();
+  poisoned_ = TimeoutMessage(rank, size_, timeout, what, missing);
   cv_.notify_all();
   return poisoned_;
+}
+
+std::string TimeoutMessage(int rank, int size, std::chrono::milliseconds timeout,
+                           const std::string& what, const std::vector<int>& missing) {
+  std::ostringstream msg;
+  msg << "rank " << rank << " of " << size << " timed out after " << timeout.count()
+      << " ms waiting for peers at " << what << "; missing ranks:";
+  for (int r : missing) msg << " " << r;
+  msg << ". Every device of the TP group must run the same sequence of distgemm calls; raise "
+         "the timeout with JAX_DISTGEMM_TIMEOUT_MS if peers are only slow.";
+  return msg.str();
+}
+
+void* SessionExchange::Buffer(int rank, size_t bytes) {
+  void* p = s_.Allocate(rank, bytes);
+  s_.Publish(rank, {p});
+  return p;
+}
+
+const void* SessionExchange::PeerBuffer(int peer, size_t /*bytes*/) {
+  return s_.Values(peer)[0];
 }
 
 namespace {

@@ -17,6 +17,24 @@
 
 namespace jax_distgemm {
 
+// What the executor's schedules need from the meeting of one call's TP handlers, whatever carries
+// it: a Session between the threads of one process (SessionExchange below), or POSIX shared
+// memory between processes (cc/cpu/shm_exchange.h).  Each rank exposes one buffer that its peers
+// read; barriers are numbered and bounded as in Session::Barrier.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  // This rank's buffer of `bytes` for peers to read after the next barrier.  It stays valid and
+  // unchanged while any peer of this meeting still reads it, also after this rank gave up on a
+  // timed-out barrier.  Throws std::bad_alloc or std::runtime_error when it cannot be had.
+  virtual void* Buffer(int rank, size_t bytes) = 0;
+  // The buffer rank `peer` exposed (`bytes` long), valid after barrier 0.
+  virtual const void* PeerBuffer(int peer, size_t bytes) = 0;
+  // As Session::Barrier.
+  virtual std::string Barrier(int rank, int phase, const std::string& what,
+                              std::chrono::milliseconds timeout) = 0;
+};
+
 class Session {
  public:
   explicit Session(int size);
@@ -45,6 +63,26 @@ class Session {
   std::vector<int> reached_;  // highest phase each rank reached, -1 before the first
   std::string poisoned_;      // non-empty once a participant timed out
 };
+
+// The in-process Exchange: one session-owned buffer per rank, published as a pointer.
+class SessionExchange final : public Exchange {
+ public:
+  explicit SessionExchange(Session& s) : s_(s) {}
+  void* Buffer(int rank, size_t bytes) override;
+  const void* PeerBuffer(int peer, size_t bytes) override;
+  std::string Barrier(int rank, int phase, const std::string& what,
+                      std::chrono::milliseconds timeout) override {
+    return s_.Barrier(rank, phase, what, timeout);
+  }
+
+ private:
+  Session& s_;
+};
+
+// The message every timed-out barrier returns (in-process and cross-process alike): names the
+// phase (`what`), the waiting rank and the ranks that did not arrive.
+std::string TimeoutMessage(int rank, int size, std::chrono::milliseconds timeout,
+                           const std::string& what, const std::vector<int>& missing);
 
 // Process-wide table of sessions.  The key must be identical on every participant of one call
 // and distinct between calls (RunId, call site, occurrence of that call site in the run).

@@ -1,15 +1,17 @@
 // CPU executor.  Every device's handler runs on its own XLA thread (docs/design.md, "Probe");
-// the TP handlers of one call meet in a host Session, exchange pointers to their operands, and
-// then run the schedule stage by stage, reading peers' shards in place:
+// the TP handlers of one call meet in an Exchange, expose what peers read (a copy of the
+// rotating shard, or the running sums), and then run the schedule stage by stage, reading
+// peers' buffers in place.  The Exchange is a host Session when the whole TP group is in this
+// process, POSIX shared memory when some members are in other processes (cc/cpu/shm_exchange.h):
 //
 //   AllGather:     publish x, w  | barrier | TP stages, each reading one peer's shard | barrier
 //   ReduceScatter: publish x, w, running sums | TP stages, a barrier after each (the right
 //                  neighbour reads what this stage wrote) | barrier
 //
-// The closing barrier keeps every operand alive until no peer reads it any more: XLA may reuse
-// an input buffer as soon as this handler returns.
+// The closing barrier keeps every buffer unchanged until no peer reads it any more.
 #include "cc/cpu/distgemm_cpu.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -24,18 +26,20 @@
 #include "cc/common/device_ids.h"
 #include "cc/common/ffi_helpers.h"
 #include "cc/common/rendezvous.h"
+#include "cc/cpu/shm_exchange.h"
 #include "cc/cpu/gemm_cpu.h"
 #include "cc/schedules/ring_1d.h"
 
 namespace jax_distgemm {
 namespace {
 
-std::atomic<int> g_fault_device{-1};
+std::atomic<int64_t> g_fault_device{-1};
 std::atomic<int> g_fault_phase{-1};
 
-// Test hook: on the faulty device, stop before barrier `phase` (-1: skip the whole call).
-bool Faulty(int ordinal, int phase) {
-  return ordinal == g_fault_device.load() && phase == g_fault_phase.load();
+// Test hook: on the faulty device (global id), stop before barrier `phase` (-1: skip the whole
+// call).
+bool Faulty(int64_t device, int phase) {
+  return device == g_fault_device.load() && phase == g_fault_phase.load();
 }
 
 // Argument block for one stage's GEMM, before the per-stage pointers are filled in.
@@ -51,25 +55,25 @@ CpuGemmArgs StageGemm(const Problem& p) {
 }
 
 template <class Sched>
-std::string RunAllGather(const Problem& p, int rank, int ordinal, Session& s, const void* x,
+std::string RunAllGather(const Problem& p, int rank, int64_t device, Exchange& s, const void* x,
                          const void* w, const void* c, void* out,
                          std::chrono::milliseconds timeout) {
   constexpr bool kRotatingA = Sched::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-  // Peers read a session-owned copy of the rotating shard, never XLA's buffer: after a
+  // Peers read a copy of the rotating shard owned by the exchange, never XLA's buffer: after a
   // timed-out barrier this handler returns and XLA may free its inputs.
   const size_t bytes = (kRotatingA ? p.XElems() : p.WElems()) * ElemSize(p.in_type);
-  void* shard = s.Allocate(rank, bytes);
+  void* shard = s.Buffer(rank, bytes);
   std::memcpy(shard, kRotatingA ? x : w, bytes);
-  s.Publish(rank, {shard});
-  if (Faulty(ordinal, 0)) return "";
+  if (Faulty(device, 0)) return "";
   if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
   for (int i = 0; i < p.tp; ++i) {
     const int src = Sched::Source(rank, i, p.tp);
     const int tile = Sched::OutputTile(rank, i, p.tp);
     CpuGemmArgs g = StageGemm(p);
-    g.a = kRotatingA ? s.Values(src)[0] : x;
+    const void* rotating = s.PeerBuffer(src, bytes);
+    g.a = kRotatingA ? rotating : x;
     g.a_view = p.AView(tile);
-    g.b = kRotatingA ? w : s.Values(src)[0];
+    g.b = kRotatingA ? w : rotating;
     g.b_view = p.BView(tile);
     g.d_type = p.out_type;
     g.d = out;
@@ -82,20 +86,19 @@ std::string RunAllGather(const Problem& p, int rank, int ordinal, Session& s, co
     }
     GemmCpu(g);
   }
-  if (Faulty(ordinal, 1)) return "";
+  if (Faulty(device, 1)) return "";
   return s.Barrier(rank, 1, "the closing barrier (peers still reading this shard)", timeout);
 }
 
 template <class Sched>
-std::string RunReduceScatter(const Problem& p, int rank, int ordinal, Session& s, const void* x,
+std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchange& s, const void* x,
                              const void* w, const void* c, void* out,
                              std::chrono::milliseconds timeout) {
   // Running sums of stages 0..TP-2, read by the right neighbour one stage later (owned by
-  // the session, which outlives every reader).
-  float* partials = static_cast<float*>(
-      s.Allocate(rank, static_cast<size_t>((p.tp - 1) * p.PartialElems()) * sizeof(float)));
-  s.Publish(rank, {partials});
-  if (Faulty(ordinal, 0)) return "";
+  // the exchange, which keeps them while any reader is left).
+  const size_t bytes = static_cast<size_t>((p.tp - 1) * p.PartialElems()) * sizeof(float);
+  float* partials = static_cast<float*>(s.Buffer(rank, bytes));
+  if (Faulty(device, 0)) return "";
   if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
   const MatrixView pv = p.PartialView();
   for (int i = 0; i < p.tp; ++i) {
@@ -108,7 +111,8 @@ std::string RunReduceScatter(const Problem& p, int rank, int ordinal, Session& s
     g.b_view = p.BView(tile);
     if (i > 0) {
       const int left = Sched::Source(rank, i, p.tp);
-      g.running_sum = static_cast<const float*>(s.Values(left)[0]) + (i - 1) * p.PartialElems();
+      g.running_sum =
+          static_cast<const float*>(s.PeerBuffer(left, bytes)) + (i - 1) * p.PartialElems();
       g.running_sum_view = pv;
     }
     if (last) {
@@ -128,14 +132,14 @@ std::string RunReduceScatter(const Problem& p, int rank, int ordinal, Session& s
     }
     GemmCpu(g);
     if (!last) {
-      if (Faulty(ordinal, i + 1)) return "";
+      if (Faulty(device, i + 1)) return "";
       std::ostringstream what;
       what << "stage " << i << " (right neighbour rank " << Sched::PushTarget(rank, i, p.tp)
            << " waits for this running sum)";
       if (auto e = s.Barrier(rank, i + 1, what.str(), timeout); !e.empty()) return e;
     }
   }
-  if (Faulty(ordinal, p.tp)) return "";
+  if (Faulty(device, p.tp)) return "";
   return s.Barrier(rank, p.tp, "the closing barrier (peers still reading running sums)",
                    timeout);
 }
@@ -157,26 +161,60 @@ ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBu
                            " is not in the TP groups of this call");
   }
   const void* cptr = p.has_c ? c.untyped_data() : nullptr;
-  if (Faulty(device_ordinal, -1)) return ffi::Error::Success();  // test hook
-
-  std::ostringstream key;
-  key << run_id.run_id << "/" << call_id << "/"
-      << NextOccurrence(device_id, run_id.run_id, call_id) << "/" << group;
-  std::shared_ptr<Session> session = JoinSession(key.str(), static_cast<int>(tp));
   const auto timeout = std::chrono::milliseconds(timeout_ms);
-  std::string err;
-  try {
-    err = VisitSchedule(p.schedule, [&](auto sched) {
+
+  // Runs the schedule through `ex`; "" or a timeout message (other failures throw).
+  auto run = [&](Exchange& ex) -> std::string {
+    return VisitSchedule(p.schedule, [&](auto sched) {
       using S = decltype(sched);
       if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
                     S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
-        return RunAllGather<S>(p, rank, device_ordinal, *session, x.untyped_data(),
-                               w.untyped_data(), cptr, out->untyped_data(), timeout);
+        return RunAllGather<S>(p, rank, device_id, ex, x.untyped_data(), w.untyped_data(),
+                               cptr, out->untyped_data(), timeout);
       } else {
-        return RunReduceScatter<S>(p, rank, device_ordinal, *session, x.untyped_data(),
+        return RunReduceScatter<S>(p, rank, device_id, ex, x.untyped_data(),
                                    w.untyped_data(), cptr, out->untyped_data(), timeout);
       }
     });
+  };
+
+  const std::vector<int64_t> members(groups.begin() + static_cast<int64_t>(group) * tp,
+                                     groups.begin() + static_cast<int64_t>(group + 1) * tp);
+  const bool cross_process = std::any_of(members.begin(), members.end(), [](int64_t id) {
+    return !IsLocalDeviceId(kPlatformCpu, id);
+  });
+  std::string err;
+  try {
+    if (!cross_process) {
+      if (Faulty(device_id, -1)) return ffi::Error::Success();  // test hook
+      std::ostringstream key;
+      key << run_id.run_id << "/" << call_id << "/"
+          << NextOccurrence(device_id, run_id.run_id, call_id) << "/" << group;
+      std::shared_ptr<Session> session = JoinSession(key.str(), static_cast<int>(tp));
+      SessionExchange ex(*session);
+      err = run(ex);
+    } else {
+      // RunIds differ between processes: the channel (group, call_id) and its occurrence on
+      // this device key the meeting (docs/design.md, "Multi-process (CPU)").
+      if (ShmJobToken().empty()) {
+        return InvalidArgument(
+            "device " + std::to_string(device_id) + ": the TP group of this call spans "
+            "processes; call jax_distgemm.initialize_multiprocess() after "
+            "jax.distributed.initialize() in every process, or use implementation='xla'");
+      }
+      const int64_t occurrence = NextChannelOccurrence(device_id, members, call_id);
+      if (Faulty(device_id, -1)) {  // test hook: counts the call, never meets the peers
+        ShmExchange::Skip(members, call_id, occurrence, rank);
+        return ffi::Error::Success();
+      }
+      std::unique_ptr<ShmExchange> ex;
+      bool timed_out = false;
+      err = ShmExchange::Join(members, call_id, occurrence, rank, timeout, &ex, &timed_out);
+      if (!err.empty() && !timed_out) {
+        return Internal("CPU executor, device " + std::to_string(device_id) + ": " + err);
+      }
+      if (err.empty()) err = run(*ex);
+    }
   } catch (const std::bad_alloc&) {
     return Internal("CPU executor, device " + std::to_string(device_id) +
                     ": out of host memory for the shards peers read");
@@ -191,9 +229,9 @@ ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBu
 
 }  // namespace
 
-void SetCpuFaultDevice(int ordinal, int phase) {
+void SetCpuFaultDevice(int64_t device, int phase) {
   g_fault_phase.store(phase);
-  g_fault_device.store(ordinal);
+  g_fault_device.store(device);
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
