@@ -8,6 +8,7 @@ from jax_distgemm._src.api import all_gather_matmul as all_gather_matmul
 from jax_distgemm._src.api import distributed_matmul as distributed_matmul
 from jax_distgemm._src.api import IMPLEMENTATIONS as IMPLEMENTATIONS
 from jax_distgemm._src.api import matmul_reduce_scatter as matmul_reduce_scatter
+from jax_distgemm._src.multiprocess import initialize_multiprocess as initialize_multiprocess
 from jax_distgemm._src.partitioning import collective_matmul as collective_matmul
 from jax_distgemm._src.schedules import Schedule as Schedule
 

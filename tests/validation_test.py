@@ -30,7 +30,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
-from jax_distgemm._src import api, config, cuda_rules, primitives, validation  # noqa: E402
+from jax_distgemm._src import api, config, cuda_rules, multiprocess, primitives  # noqa: E402
+from jax_distgemm._src import validation  # noqa: E402
 
 AG_A = Schedule.AllGather1D_TilingCD_RotatingA
 AG_B = Schedule.AllGather1D_TilingCD_RotatingB
@@ -181,7 +182,34 @@ class ValidationTest(absltest.TestCase):
     with self.assertRaisesMsg(ValueError, "axis_name: the TP group [0, 1, 2, 3] spans processes "
                               "(devices [2, 3] are not addressable by this process)"):
       validation.check_groups_local(groups, [0, 1])
+    with self.assertRaisesMsg(ValueError, "needs jax_distgemm.initialize_multiprocess() after "
+                              "jax.distributed.initialize()"):
+      validation.check_groups_local(groups, [0, 1])  # CPU, multi-process setup not run
     validation.check_groups_local(groups, [4, 5])  # a group wholly elsewhere is not ours
+
+  def test_tp_group_spans_processes_cuda(self):
+    # The CUDA executor has no cross-process path yet: refused even after the setup call.
+    groups = np.array([[0, 1, 2, 3]])
+    state = multiprocess.State(token="t", process_index=0, hosts=("h", "h"))
+    for mp_state in (None, state):
+      with self.assertRaisesMsg(ValueError, "implementation='ffi' across processes is not "
+                                "implemented on CUDA yet"):
+        validation.check_groups_local(groups, [0, 1], platform="cuda",
+                                      process_of={0: 0, 1: 0, 2: 1, 3: 1},
+                                      multiprocess=mp_state)
+    validation.check_groups_local(groups, [0, 1, 2, 3], platform="cuda")  # all local: ok
+
+  def test_tp_group_spans_hosts(self):
+    # After initialize_multiprocess(): CPU groups across processes of this host are accepted,
+    # a member on another host is refused.
+    groups = np.array([[0, 1, 2048, 2049]])
+    process_of = {0: 0, 1: 0, 2048: 1, 2049: 1}
+    same = multiprocess.State(token="t", process_index=0, hosts=("h|boot", "h|boot"))
+    validation.check_groups_local(groups, [0, 1], process_of=process_of, multiprocess=same)
+    other = multiprocess.State(token="t", process_index=0, hosts=("h|boot", "g|boot"))
+    with self.assertRaisesMsg(ValueError, "devices [2048, 2049] are on another host, which the "
+                              "CPU executor cannot reach"):
+      validation.check_groups_local(groups, [0, 1], process_of=process_of, multiprocess=other)
 
   # -- names -------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from jax._src import sharding_impls
 from jax._src.interpreters import batching
 
 from jax_distgemm import ffi as ffi_modules
+from jax_distgemm._src import multiprocess
 from jax_distgemm._src import validation
 from jax_distgemm._src.schedules import Schedule, output_shape
 
@@ -79,8 +80,12 @@ def _abstract_eval(x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype, ti
 
 # -- Lowering ---------------------------------------------------------------------------------------
 
-def device_groups(mesh, axis_name: tuple, tp: int) -> np.ndarray:
-  """Global device ids of every TP group (rows), in rank order along `axis_name`."""
+def device_groups(mesh, axis_name: tuple, tp: int, platform: str = "cpu") -> np.ndarray:
+  """Global device ids of every TP group (rows), in rank order along `axis_name`.
+
+  Checks that the FFI executor of `platform` can meet each group that holds a device of this
+  process (validation.check_groups_local).
+  """
   names = tuple(mesh.axis_names)
   validation.check_tp_group(dict(zip(names, mesh.devices.shape)), axis_name, tp)
   others = [a for a in names if a not in axis_name]
@@ -88,7 +93,9 @@ def device_groups(mesh, axis_name: tuple, tp: int) -> np.ndarray:
   ids = np.vectorize(lambda d: d.id, otypes=[np.int64])(mesh.devices)
   groups = np.transpose(ids, perm).reshape(-1, tp)
   validation.check_groups_local(
-      groups, [d.id for d in mesh.devices.flat if d.process_index == jax.process_index()])
+      groups, [d.id for d in mesh.devices.flat if d.process_index == jax.process_index()],
+      platform=platform, process_of={d.id: d.process_index for d in mesh.devices.flat},
+      multiprocess=multiprocess.state())
   return np.ascontiguousarray(groups, dtype=np.int64)
 
 
@@ -106,21 +113,31 @@ def _concrete_mesh(ctx):
 _registered_device_ids: set[str] = set()
 
 
-def _register_device_ids(platform: str):
-  """Tells the C++ side how local ordinals map to global device ids (once per platform)."""
+def register_device_ids(platform: str):
+  """Tells the C++ side how local ordinals map to global device ids (once per platform).
+
+  The handlers tell local TP-group members from members in other processes by this table.
+  """
   if platform in _registered_device_ids:
     return
   module = ffi_modules.module_for(platform)
   devices = jax.local_devices(backend=platform)
-  module.set_device_ids([d.local_hardware_id for d in devices], [d.id for d in devices])
+  ordinals = [d.local_hardware_id for d in devices]
+  ids = [d.id for d in devices]
+  if platform == "cpu":
+    # XLA:CPU hands the handler the device's global id as its DeviceOrdinal (seen with jax
+    # 0.11.2 and jax.distributed: 2048, 2049 in process 1), while local_hardware_id counts from
+    # 0 in every process.  Register both; they agree in one process.
+    ordinals, ids = ordinals + ids, ids + ids
+  module.set_device_ids(ordinals, ids)
   _registered_device_ids.add(platform)
 
 
 def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype,
               timeout_ms, call_site):
   mesh = _concrete_mesh(ctx)
-  groups = device_groups(mesh, axis_name, tp)
-  _register_device_ids(platform)
+  groups = device_groups(mesh, axis_name, tp, platform)
+  register_device_ids(platform)
   if not c:  # the FFI call always takes c: an empty one means "no c"
     empty = core.ShapedArray((0,), out_dtype)
     c = (mlir.ir_constant(np.zeros((0,), out_dtype)),)

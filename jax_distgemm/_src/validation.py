@@ -122,20 +122,45 @@ def check_tp_group(axis_sizes, axis_name: tuple[str, ...], tp: int) -> None:
     raise ValueError(f"tp: the mesh's {total} devices do not split into groups of TP={tp}")
 
 
-def check_groups_local(groups, local_device_ids) -> None:
-  """Every TP group that holds a device of this process must hold only devices of it.
+def check_groups_local(groups, local_device_ids, *, platform: str = "cpu", process_of=None,
+                       multiprocess=None) -> None:
+  """Every TP group that holds a device of this process must be one its FFI executor can meet.
 
-  The FFI executors meet the peers of a group inside one process (a host rendezvous between
-  XLA's per-device threads); a group spanning processes could never meet and would only fail
-  at the timeout.  groups: [num_groups, tp] global device ids.
+  Within one process the executors meet the peers of a group through a host rendezvous between
+  XLA's per-device threads.  A group spanning processes is accepted only on CPU, after
+  jax_distgemm.initialize_multiprocess() (`multiprocess`: its state, with same_host(process
+  index)), and only when all its processes share this host (`process_of`: device id -> process
+  index): the CPU executor meets them through POSIX shared memory.  Anything else could never
+  meet and would only fail at the timeout, so it is refused here.
+  groups: [num_groups, tp] global device ids.
   """
   local = set(int(d) for d in local_device_ids)
   for row in np.asarray(groups):
     ids = [int(d) for d in row]
     here = [d for d in ids if d in local]
-    if here and len(here) != len(ids):
-      missing = [d for d in ids if d not in local]
+    if not here or len(here) == len(ids):
+      continue
+    missing = [d for d in ids if d not in local]
+    head = (f"axis_name: the TP group {ids} spans processes (devices {missing} are not "
+            "addressable by this process)")
+    if platform.lower() in ("cuda", "gpu"):
       raise ValueError(
-          f"axis_name: the TP group {ids} spans processes (devices {missing} are not "
-          "addressable by this process); implementation='ffi' needs every device of a TP group "
-          "in one process, use implementation='xla' across processes")
+          f"{head}; implementation='ffi' across processes is not implemented on CUDA yet (it "
+          "needs workspaces shared through CUDA IPC); use implementation='xla' across processes")
+    if platform.lower() != "cpu":
+      raise ValueError(
+          f"{head}; implementation='ffi' has no executor across processes on {platform!r}; use "
+          "implementation='xla'")
+    if multiprocess is None:
+      raise ValueError(
+          f"{head}; implementation='ffi' across processes needs "
+          "jax_distgemm.initialize_multiprocess() after jax.distributed.initialize() in every "
+          "process, else use implementation='xla' across processes")
+    if process_of is not None:
+      remote_hosts = [d for d in missing
+                      if d in process_of and not multiprocess.same_host(process_of[d])]
+      if remote_hosts:
+        raise ValueError(
+            f"{head}; devices {remote_hosts} are on another host, which the CPU executor "
+            "cannot reach (it meets peers through POSIX shared memory, one host only); use "
+            "implementation='xla' across hosts")

@@ -1,0 +1,150 @@
+"""Multi-process runs (jax.distributed, one or more devices per process): the setup call.
+
+    jax.distributed.initialize(...)
+    jax_distgemm.initialize_multiprocess()
+
+Afterwards implementation="ffi" accepts TP groups whose devices live in several processes of
+one host on CPU: the CPU executor meets them through POSIX shared memory (cc/cpu/shm_exchange.h,
+docs/design.md "Multi-process (CPU)").  What this call settles, through JAX's distributed
+key-value store:
+
+* the job token that names every shared-memory segment: a hash of the coordinator address and a
+  nonce drawn by process 0, so a job never meets the segments of another job or of a crashed
+  run;
+* which processes share this host (hostname and boot id), so that a TP group with a member on
+  another host is refused at lowering with a clear message instead of timing out;
+* the map of this process's device ordinals to global device ids, which the handler uses to
+  tell local from remote members.
+
+It also removes segments that crashed processes of earlier jobs left in /dev/shm, and makes
+sure this process unlinks its own at exit.  The CUDA executor has no multi-process path yet
+(CUDA IPC); cross-process TP groups on GPUs need implementation="xla".
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import hashlib
+import os
+import secrets
+import socket
+
+import jax
+
+from jax_distgemm import ffi as ffi_modules
+
+_KEY = "jax_distgemm/multiprocess/v1"
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+  token: str
+  process_index: int
+  hosts: tuple[str, ...]  # host identity of every process, by process index
+
+  def same_host(self, process_index: int) -> bool:
+    return self.hosts[int(process_index)] == self.hosts[self.process_index]
+
+
+_state: State | None = None
+_client_used = None
+_atexit_registered = False
+
+
+def _host_identity() -> str:
+  try:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+      boot = f.read().strip()
+  except OSError:
+    boot = ""
+  return f"{socket.gethostname()}|{boot}"
+
+
+def _distributed_client():
+  try:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  except ImportError:  # pragma: no cover - very old or very new jax
+    return None, None
+  gs = distributed.global_state
+  return gs.client, getattr(gs, "coordinator_address", None)
+
+
+def initialize_multiprocess(timeout_s: float = 60.0) -> None:
+  """Prepares implementation="ffi" for TP groups that span processes (CPU, one host).
+
+  Call it in every process after `jax.distributed.initialize()` and before the first
+  distgemm call is lowered; all processes must call it (it waits for the others, at most
+  `timeout_s` seconds per step).  Calling it again in the same job does nothing.
+
+  Raises:
+    RuntimeError: jax.distributed is not initialized, or the other processes did not answer
+      within `timeout_s`.
+  """
+  global _state, _client_used, _atexit_registered
+  client, coordinator = _distributed_client()
+  if client is None:
+    raise RuntimeError(
+        "jax_distgemm.initialize_multiprocess: call jax.distributed.initialize() first (the "
+        "processes agree on shared-memory names through its key-value store)")
+  if _state is not None and client is _client_used:
+    return
+  timeout_ms = max(1, int(timeout_s * 1000))
+  me, n = jax.process_index(), jax.process_count()
+  try:
+    if me == 0:
+      client.key_value_set(f"{_KEY}/nonce", secrets.token_hex(8))
+    nonce = client.blocking_key_value_get(f"{_KEY}/nonce", timeout_ms)
+    client.key_value_set(f"{_KEY}/host/{me}", _host_identity())
+    hosts = tuple(client.blocking_key_value_get(f"{_KEY}/host/{p}", timeout_ms)
+                  for p in range(n))
+  except Exception as e:  # the client raises XlaRuntimeError (DEADLINE_EXCEEDED, ...)
+    raise RuntimeError(
+        f"jax_distgemm.initialize_multiprocess: process {me} of {n} could not agree on the job "
+        f"token with the other processes within {timeout_s} s (does every process call "
+        f"initialize_multiprocess()?): {e}") from e
+  token = hashlib.sha256(f"{coordinator}|{nonce}".encode()).hexdigest()[:16]
+
+  module = ffi_modules.module_for("cpu")
+  module.sweep_stale_shm_segments()  # before the token is set: never this job's segments
+  module.set_job_token(token)
+  from jax_distgemm._src import primitives  # pylint: disable=g-import-not-at-top
+  try:
+    primitives.register_device_ids("cpu")
+  except RuntimeError:  # no CPU backend (JAX_PLATFORMS without cpu): nothing to register
+    pass
+  if not _atexit_registered:
+    atexit.register(release)
+    _atexit_registered = True
+  try:
+    client.wait_at_barrier(f"{_KEY}/ready", timeout_ms)
+  except Exception as e:
+    raise RuntimeError(
+        f"jax_distgemm.initialize_multiprocess: process {me} of {n}: not every process "
+        f"finished its setup within {timeout_s} s: {e}") from e
+  _state = State(token=token, process_index=me, hosts=hosts)
+  _client_used = client
+
+
+def state() -> State | None:
+  """The job's multi-process state, or None before initialize_multiprocess()."""
+  return _state
+
+
+def release() -> list[str]:
+  """Unlinks the shared-memory segments this process created (run at exit); their names."""
+  return list(ffi_modules.module_for("cpu").release_shm_segments())
+
+
+def shm_segment_prefix(token: str | None = None) -> str:
+  """The /dev/shm file-name prefix of this job's segments."""
+  token = token or (_state.token if _state else "")
+  return f"jdg_{token}_"
+
+
+def leftover_segments(token: str) -> list[str]:
+  """This job's segment files still in /dev/shm (for tests and the launcher)."""
+  try:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(shm_segment_prefix(token)))
+  except FileNotFoundError:
+    return []
