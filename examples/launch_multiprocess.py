@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""Launches N processes on this host as one jax.distributed job and checks every schedule.
+
+Each process (a "worker", this file with --worker) initializes jax.distributed with the
+coordinator on 127.0.0.1:<free port>, calls jax_distgemm.initialize_multiprocess(), builds a
+mesh over the devices of ALL processes, and runs the four schedules plus a two-op MLP block
+(RotatingA then TilingA) with --implementation (default "ffi") on global arrays.  Every result
+is checked against implementation="reference" compiled in the same program and against a
+float64 numpy product; each worker prints one `JDG_RESULT {json}` line per check and iteration.
+The launcher prefixes each worker's output with [p<i>], kills the others when one fails or the
+time runs out, checks that the job left no shared-memory segment in /dev/shm (and removes any
+it finds), and prints "Disposition: Passed" or "Disposition: Failed" (exit code 1).
+
+  python examples/launch_multiprocess.py                         # 2 processes x 1 CPU device
+  python examples/launch_multiprocess.py -n 2 --devices-per-process 2       # TP=4 over both
+  python examples/launch_multiprocess.py -n 2 --devices-per-process 2 --tp 2   # 2 TP groups,
+                                                                 # each spanning both processes
+  python examples/launch_multiprocess.py --platform gpu -n 2     # one GPU per process
+
+Platforms: cpu (JAX_PLATFORMS=cpu, --devices-per-process fake CPU devices per process) or gpu
+(JAX_PLATFORMS=cuda, one GPU per process via CUDA_VISIBLE_DEVICES=<process id>).  The mesh is
+(dp, tp) over the devices ordered (local index, process), so consecutive TP ranks sit in
+different processes; a leading batch dim of size dp is sharded over dp.
+
+Test hooks (tests/multiprocess_test.py): --fault P:I[:PHASE] makes the CPU handler on the I-th
+local device of process P skip its peers (from barrier PHASE on; -1: the whole call) in one call
+of the first check, after the healthy ones: its peers must time out with DEADLINE_EXCEEDED and
+the call after it must be correct again (JDG_FAULT lines).  --no-exit-cleanup ends the
+workers with os._exit (no atexit: like a crash), leaving their segments behind.
+--skip-initialize leaves out jax_distgemm.initialize_multiprocess(): the FFI path must then be
+refused with a message that says what to call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+SCHEDULES = (
+    "AllGather1D_TilingCD_RotatingA",
+    "AllGather1D_TilingCD_RotatingB",
+    "ReduceScatter1D_TilingA_RotatingC",
+    "ReduceScatter1D_TilingB_RotatingC",
+)
+MLP = "MLP_RotatingA_then_TilingA"
+CHECKS = SCHEDULES + (MLP,)
+DTYPES = ("bf16", "fp16", "fp32")
+# Relative Frobenius error bounds vs float64 (products are exact in fp32 accumulation; the
+# output rounding dominates; fp32 allows TF32 on GPUs).
+TOL = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-3}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (default 2)")
+  p.add_argument("--devices-per-process", type=int, default=1,
+                 help="CPU devices per process (default 1; GPUs: always 1)")
+  p.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
+  p.add_argument("--tp", type=int, default=None,
+                 help="TP group size (default: all devices of all processes)")
+  p.add_argument("--m", type=int, default=None, help="global M (default 64*TP CPU, 4096 GPU)")
+  p.add_argument("--n", type=int, default=None, help="global N (default 48*TP CPU, 4096 GPU)")
+  p.add_argument("--k", type=int, default=None, help="global K (default 32*TP CPU, 4096 GPU)")
+  p.add_argument("--dtype", choices=DTYPES, default=None,
+                 help="dtype (default fp32 on CPU, bf16 on GPU)")
+  p.add_argument("--implementation", choices=("ffi", "xla", "reference"), default="ffi")
+  p.add_argument("--iterations", type=int, default=3,
+                 help="calls per check, each blocked on and checked (default 3)")
+  p.add_argument("--timing-iterations", type=int, default=0,
+                 help="also time this many back-to-back calls per check (default 0: no timing)")
+  p.add_argument("--checks", default=",".join(CHECKS),
+                 help="comma-separated subset of: " + ", ".join(CHECKS))
+  p.add_argument("--call-timeout-ms", type=int, default=None,
+                 help="timeout_ms of every distgemm call (default: JAX_DISTGEMM_TIMEOUT_MS/5000)")
+  p.add_argument("--timeout", type=float, default=120.0,
+                 help="seconds for the whole job; workers are killed after (default 120)")
+  p.add_argument("--fault", default=None, help="P:I[:PHASE] (test hook, see the docstring)")
+  p.add_argument("--no-exit-cleanup", action="store_true",
+                 help="workers end with os._exit, leaving their segments (test hook)")
+  p.add_argument("--skip-initialize", action="store_true",
+                 help="do not call jax_distgemm.initialize_multiprocess() (test hook)")
+  p.add_argument("--seed", type=int, default=0)
+  # Worker mode (set by the launcher).
+  p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
+  p.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.num_processes < 1 or args.devices_per_process < 1:
+    p.error("--num-processes and --devices-per-process must be >= 1")
+  if args.platform == "gpu" and args.devices_per_process != 1:
+    p.error("--platform gpu runs one GPU per process (--devices-per-process 1)")
+  total = args.num_processes * args.devices_per_process
+  args.tp = args.tp or total
+  if args.tp < 1 or total % args.tp:
+    p.error(f"--tp={args.tp} must divide the {total} devices")
+  gpu = args.platform == "gpu"
+  args.m = args.m or (4096 if gpu else 64 * args.tp)
+  args.n = args.n or (4096 if gpu else 48 * args.tp)
+  args.k = args.k or (4096 if gpu else 32 * args.tp)
+  args.dtype = args.dtype or ("bf16" if gpu else "fp32")
+  for name in ("m", "n", "k"):
+    if getattr(args, name) % args.tp:
+      p.error(f"--{name}={getattr(args, name)} must be divisible by TP={args.tp}")
+  args.checks = [c.strip() for c in args.checks.split(",") if c.strip()]
+  unknown = [c for c in args.checks if c not in CHECKS]
+  if unknown or not args.checks:
+    p.error(f"--checks: unknown {unknown}; choose from {CHECKS}")
+  if args.fault:
+    parts = args.fault.split(":")
+    if len(parts) not in (2, 3) or not all(x.lstrip("-").isdigit() for x in parts):
+      p.error("--fault must be P:I or P:I:PHASE")
+    args.fault = tuple(int(x) for x in parts) + ((-1,) if len(parts) == 2 else ())
+  return args
+
+
+# -- Worker -----------------------------------------------------------------------------------------
+
+def emit(tag: str, **record) -> None:
+  print(f"{tag} {json.dumps(record, sort_keys=True)}", flush=True)
+
+
+def worker(args) -> int:
+  import faulthandler  # noqa: PLC0415
+  faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang dies with tracebacks
+
+  import jax  # noqa: PLC0415
+  if args.platform == "cpu":
+    jax.config.update("jax_num_cpu_devices", args.devices_per_process)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # the reference's collectives
+  jax.distributed.initialize(
+      args.coordinator, num_processes=args.num_processes, process_id=args.process_id,
+      initialization_timeout=max(int(args.timeout), 1),
+      shutdown_timeout_seconds=max(int(args.timeout / 4), 5))
+
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from jax.sharding import NamedSharding  # noqa: PLC0415
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+  import jax_distgemm as jd  # noqa: PLC0415
+  from jax_distgemm._src import multiprocess  # noqa: PLC0415
+
+  me = jax.process_index()
+  if not args.skip_initialize:
+    jd.initialize_multiprocess(timeout_s=args.timeout / 2)
+    emit("JDG_TOKEN", process=me, token=multiprocess.state().token)
+
+  devices = jax.devices()
+  local = len(jax.local_devices())
+  if len(devices) != args.num_processes * args.devices_per_process or local != args.devices_per_process:
+    raise SystemExit(f"process {me}: expected {args.devices_per_process} local devices of "
+                     f"{args.num_processes * args.devices_per_process}, got {local} of "
+                     f"{len(devices)}")
+  # (local index, process) order: consecutive TP ranks live in different processes.
+  by_process = sorted(devices, key=lambda d: (d.process_index, d.id))
+  per = args.devices_per_process
+  ordered = [by_process[p * per + i] for i in range(per) for p in range(args.num_processes)]
+  tp, dp = args.tp, len(ordered) // args.tp
+  mesh = jax.sharding.Mesh(np.array(ordered).reshape(dp, tp), ("dp", "tp"))
+  groups = [[d.id for d in row] for row in mesh.devices]
+  emit("JDG_MESH", process=me, groups=groups, local=[d.id for d in jax.local_devices()])
+
+  dtype = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[args.dtype]
+  tol = TOL[args.dtype]
+  timeout_ms = args.call_timeout_ms
+  m, n, k = args.m, args.n, args.k
+
+  def specs(schedule):
+    if schedule.startswith("AllGather"):
+      x_spec, w_spec = P("dp", "tp", None), P(None, "tp")
+    else:
+      x_spec, w_spec = P("dp", None, "tp"), P("tp", None)
+    out_spec = {SCHEDULES[0]: P("dp", None, "tp"), SCHEDULES[1]: P("dp", "tp", None),
+                SCHEDULES[2]: P("dp", "tp", None), SCHEDULES[3]: P("dp", None, "tp")}[schedule]
+    return x_spec, w_spec, out_spec
+
+  def global_array(data, spec):
+    # Every process holds the same numpy data (same seed) and hands each device its block.
+    sharding = NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(data.shape, sharding, lambda idx: data[idx])
+
+  def rand(rng, shape, scale=1.0):
+    return np.asarray(jnp.asarray(rng.standard_normal(shape) * scale, dtype))
+
+  def build(check, implementation):
+    """(jitted fn, global operands, float64 reference of the global output, out spec)."""
+    rng = np.random.default_rng(args.seed + CHECKS.index(check))
+    if check == MLP:
+      hidden = n
+      x = rand(rng, (dp, m, k))
+      w1 = rand(rng, (k, hidden), 1 / np.sqrt(k))
+      w2 = rand(rng, (hidden, n), 1 / np.sqrt(hidden))
+
+      def body(x, w1, w2):
+        h = jd.all_gather_matmul(x, w1, axis_name="tp", gathered="x",
+                                 implementation=implementation, timeout_ms=timeout_ms)
+        return jd.matmul_reduce_scatter(h, w2, axis_name="tp", scatter="rows",
+                                        implementation=implementation, timeout_ms=timeout_ms)
+
+      in_specs = (P("dp", "tp", None), P(None, "tp"), P("tp", None))
+      out_spec = P("dp", "tp", None)
+      operands = (x, w1, w2)
+      h = np.asarray(x, np.float64) @ np.asarray(w1, np.float64)
+      h = np.asarray(jnp.asarray(h, dtype), np.float64)  # the op rounds h to dtype
+      ref = h @ np.asarray(w2, np.float64)
+    else:
+      x = rand(rng, (dp, m, k))
+      w = rand(rng, (k, n), 1 / np.sqrt(k))
+      x_spec, w_spec, out_spec = specs(check)
+
+      def body(x, w):
+        return jd.distributed_matmul(x, w, axis_name="tp", schedule=check,
+                                     implementation=implementation, timeout_ms=timeout_ms)
+
+      in_specs = (x_spec, w_spec)
+      operands = (x, w)
+      ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
+    arrays = tuple(global_array(a, s) for a, s in zip(operands, in_specs))
+    return fn, arrays, ref
+
+  def local_errors(out, ref_out, ref64):
+    """Relative Frobenius errors of this process's output blocks: vs the reference
+    implementation and vs float64 numpy."""
+    num_r = num_n = den = 0.0
+    ref_blocks = {s.device.id: s for s in ref_out.addressable_shards}
+    for s in out.addressable_shards:
+      got = np.asarray(s.data, np.float64)
+      want = ref64[s.index]
+      num_n += float(np.sum((got - want) ** 2))
+      num_r += float(np.sum((got - np.asarray(ref_blocks[s.device.id].data, np.float64)) ** 2))
+      den += float(np.sum(want ** 2))
+    den = max(den, 1e-300)
+    return (num_r / den) ** 0.5, (num_n / den) ** 0.5
+
+  ok = True
+  for check in args.checks:
+    fn, arrays, ref64 = build(check, args.implementation)
+    ref_fn, _, _ = build(check, "reference")
+    ref_out = ref_fn(*arrays)
+    jax.block_until_ready(ref_out)
+    hlo = fn.lower(*arrays).compile().as_text()
+    fused = hlo.count('custom_call_target="jax_distgemm_v1"')
+    for it in range(args.iterations):
+      out = fn(*arrays)
+      jax.block_until_ready(out)  # one call in flight at a time (XLA:CPU, see the README)
+      err_ref, err_np = local_errors(out, ref_out, ref64)
+      passed = bool(err_ref <= tol and err_np <= tol)
+      ok &= passed
+      emit("JDG_RESULT", process=me, check=check, iteration=it, rel_err_ref=err_ref,
+           rel_err_np=err_np, tol=tol, ok=passed, fused_calls=fused,
+           implementation=args.implementation)
+    if args.fault and check == args.checks[0]:
+      ok &= run_fault(args, me, fn, arrays, ref_out, ref64, local_errors, tol)
+    if args.timing_iterations:
+      start = time.perf_counter()
+      for _ in range(args.timing_iterations):
+        out = fn(*arrays)
+        jax.block_until_ready(out)
+      ms = (time.perf_counter() - start) / args.timing_iterations * 1e3
+      emit("JDG_TIME", process=me, check=check, avg_ms=ms, iterations=args.timing_iterations)
+
+  # Nobody leaves (or tears down the coordinator) before everyone is done.
+  from jax._src import distributed  # noqa: PLC0415
+  distributed.global_state.client.wait_at_barrier("jdg_launch_done", int(args.timeout * 1000))
+  emit("JDG_DONE", process=me, ok=ok, segments=len(jd.ffi._distgemm_cpu.shm_segments()))
+  if args.no_exit_cleanup:
+    sys.stdout.flush()
+    os._exit(0 if ok else 1)  # no atexit: segments stay, as after a crash
+  return 0 if ok else 1
+
+
+def run_fault(args, me, fn, arrays, ref_out, ref64, local_errors, tol) -> bool:
+  """One call with the fault hook set in process P, then one healthy call."""
+  import jax  # noqa: PLC0415
+  from jax_distgemm.ffi import _distgemm_cpu  # noqa: PLC0415
+
+  fault_process, index, phase = args.fault
+  if me == fault_process:
+    _distgemm_cpu.set_fault_device(jax.local_devices()[index].id, phase)
+  start = time.monotonic()
+  error = None
+  try:
+    jax.block_until_ready(fn(*arrays))
+  except (jax.errors.JaxRuntimeError, ValueError) as e:  # multi-process CPU raises ValueError
+    error = f"{type(e).__name__}: {e}"
+  finally:
+    _distgemm_cpu.set_fault_device(-1)
+  elapsed = time.monotonic() - start
+  out = fn(*arrays)
+  jax.block_until_ready(out)
+  err_ref, err_np = local_errors(out, ref_out, ref64)
+  recovered = bool(err_ref <= tol and err_np <= tol)
+  emit("JDG_FAULT", process=me, faulty_process=fault_process, error=error, elapsed_s=elapsed,
+       recovered=recovered, rel_err_ref=err_ref, rel_err_np=err_np)
+  return recovered
+
+
+# -- Launcher -------------------------------------------------------------------------------------
+
+def free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def child_args(args, process_id: int, coordinator: str) -> list[str]:
+  out = [sys.executable, os.path.abspath(__file__), "--worker", f"--process-id={process_id}",
+         f"--coordinator={coordinator}", f"--num-processes={args.num_processes}",
+         f"--devices-per-process={args.devices_per_process}", f"--platform={args.platform}",
+         f"--tp={args.tp}", f"--m={args.m}", f"--n={args.n}", f"--k={args.k}",
+         f"--dtype={args.dtype}", f"--implementation={args.implementation}",
+         f"--iterations={args.iterations}", f"--timing-iterations={args.timing_iterations}",
+         f"--checks={','.join(args.checks)}", f"--timeout={args.timeout}", f"--seed={args.seed}"]
+  if args.call_timeout_ms:
+    out.append(f"--call-timeout-ms={args.call_timeout_ms}")
+  if args.fault:
+    out.append("--fault=" + ":".join(str(v) for v in args.fault))
+  if args.no_exit_cleanup:
+    out.append("--no-exit-cleanup")
+  if args.skip_initialize:
+    out.append("--skip-initialize")
+  return out
+
+
+def kill(procs) -> None:
+  """SIGTERM, then SIGKILL after 5 s, to each child's process group (children only)."""
+  for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+      try:
+        os.killpg(p.pid, sig)  # each child leads its own session (start_new_session)
+      except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace
+    while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+      time.sleep(0.05)
+
+
+def records(lines, tag):
+  out = []
+  for line in lines:
+    if line.startswith(tag + " "):
+      out.append(json.loads(line[len(tag) + 1:]))
+  return out
+
+
+def launch(args) -> int:
+  coordinator = f"127.0.0.1:{free_port()}"
+  env = dict(os.environ)
+  env["PYTHONUNBUFFERED"] = "1"
+  print(f"Launching {args.num_processes} processes ({args.platform}, "
+        f"{args.devices_per_process} device(s) each), coordinator {coordinator}, TP={args.tp}, "
+        f"M={args.m} N={args.n} K={args.k} {args.dtype}, implementation={args.implementation}",
+        flush=True)
+  procs, outputs, readers = [], [], []
+  print_lock = threading.Lock()
+  start = time.monotonic()
+  try:
+    for i in range(args.num_processes):
+      cenv = dict(env)
+      if args.platform == "cpu":
+        cenv["JAX_PLATFORMS"] = "cpu"
+      else:
+        cenv["JAX_PLATFORMS"] = "cuda"
+        cenv["CUDA_VISIBLE_DEVICES"] = str(i)
+      p = subprocess.Popen(child_args(args, i, coordinator), env=cenv, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+      procs.append(p)
+      lines: list[str] = []
+      outputs.append(lines)
+
+      def pump(p=p, lines=lines, i=i):
+        for line in p.stdout:
+          line = line.rstrip("\n")
+          lines.append(line)
+          with print_lock:  # whole lines: the test parses them
+            sys.stdout.write(f"[p{i}] {line}\n")
+            sys.stdout.flush()
+
+      t = threading.Thread(target=pump, daemon=True)
+      t.start()
+      readers.append(t)
+    failure = None
+    while True:
+      codes = [p.poll() for p in procs]
+      bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+      if bad:
+        failure = f"process {bad[0][0]} exited with code {bad[0][1]}"
+        break
+      if all(c == 0 for c in codes):
+        break
+      if time.monotonic() - start > args.timeout:
+        failure = f"timed out after {args.timeout:g} s"
+        break
+      time.sleep(0.05)
+  finally:
+    kill(procs)  # no-op for children that have exited
+    for t in readers:
+      t.join(timeout=5)
+  elapsed = time.monotonic() - start
+  if failure:
+    print(f"FAILED: {failure}; killed the remaining processes", flush=True)
+
+  all_lines = [line for lines in outputs for line in lines]
+  results = records(all_lines, "JDG_RESULT")
+  ok = failure is None
+  print(f"\n{'check':38s} {'max rel err vs reference':>25s} {'vs float64':>12s}  processes")
+  for check in args.checks:
+    rs = [r for r in results if r["check"] == check]
+    seen = sorted({r["process"] for r in rs})
+    complete = seen == list(range(args.num_processes)) and len(rs) == (
+        args.num_processes * args.iterations)
+    check_ok = complete and all(r["ok"] for r in rs)
+    ok &= check_ok
+    if rs:
+      print(f"{check:38s} {max(r['rel_err_ref'] for r in rs):25.3e} "
+            f"{max(r['rel_err_np'] for r in rs):12.3e}  {seen} {'ok' if check_ok else 'FAILED'}")
+    else:
+      print(f"{check:38s} {'(no result)':>25s}")
+  for t in records(all_lines, "JDG_TIME"):
+    print(f"time: process {t['process']} {t['check']}: {t['avg_ms']:.3f} ms/call")
+  for f in records(all_lines, "JDG_FAULT"):
+    print(f"fault: process {f['process']}: error={'yes' if f['error'] else 'no'} after "
+          f"{f['elapsed_s']:.2f} s, next call {'correct' if f['recovered'] else 'WRONG'}")
+
+  # Shared memory: a clean exit leaves nothing; remove whatever is left either way.
+  tokens = sorted({r["token"] for r in records(all_lines, "JDG_TOKEN")})
+  leftovers = []
+  for token in tokens:
+    prefix = f"jdg_{token}_"
+    try:
+      leftovers += [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+    except FileNotFoundError:
+      pass
+  if args.no_exit_cleanup:
+    kept = "kept: --no-exit-cleanup, for a stale-segment sweep"
+  else:
+    kept = "removed"
+    for name in leftovers:
+      try:
+        os.unlink(os.path.join("/dev/shm", name))
+      except FileNotFoundError:
+        pass
+  print(f"job token(s): {tokens}; shared-memory segments left by the workers: {len(leftovers)} "
+        f"({kept})")
+  if leftovers and not args.no_exit_cleanup and failure is None:
+    print("FAILED: the workers exited cleanly but left shared-memory segments")
+    ok = False
+  print(f"elapsed: {elapsed:.1f} s")
+  print(f"Disposition: {'Passed' if ok else 'Failed'}")
+  return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  return worker(args) if args.worker else launch(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
