@@ -1,0 +1,188 @@
+"""Multi-process CPU runs: TP groups spanning processes, through examples/launch_multiprocess.py.
+
+Each case launches a jax.distributed job of several processes on this machine (coordinator on
+127.0.0.1, JAX_PLATFORMS=cpu), in which every process calls jax_distgemm.initialize_multiprocess()
+and runs the four schedules and a two-op MLP block with implementation="ffi" on a mesh over the
+devices of all processes; the CPU executor meets the members of each TP group through POSIX
+shared memory (cc/cpu/shm_exchange.h).  Every process checks its output blocks against
+implementation="reference" (same program) and float64 numpy; this test re-checks what each
+process reports, that the program really holds our custom call, and that the job leaves no
+shared-memory segment behind.
+
+Bounded: the launcher kills its workers after --timeout (and each worker dies with tracebacks
+at the same bound); this test kills the launcher after a larger one.  A job that cannot start
+(jax.distributed, ports, /dev/shm) fails the test with the launcher's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from jax_distgemm.ffi import _distgemm_cpu
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+LAUNCHER = os.path.join(REPO, "examples", "launch_multiprocess.py")
+SCHEDULES = (
+    "AllGather1D_TilingCD_RotatingA",
+    "AllGather1D_TilingCD_RotatingB",
+    "ReduceScatter1D_TilingA_RotatingC",
+    "ReduceScatter1D_TilingB_RotatingC",
+)
+MLP = "MLP_RotatingA_then_TilingA"
+LAUNCH_TIMEOUT_S = 90   # the launcher's own bound on its workers
+TEST_TIMEOUT_S = 120    # this test's bound on the launcher
+LINE = re.compile(r"^\[p(\d+)\] (JDG_[A-Z]+) (\{.*\})$")
+
+
+def launch(*args: str):
+  """Runs the launcher; returns (returncode, output, {tag: [records]})."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
+  env["PYTHONSAFEPATH"] = "1"  # workers import the installed package, not the source tree
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(
+      [sys.executable, LAUNCHER, f"--timeout={LAUNCH_TIMEOUT_S}", *args], cwd=REPO, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TEST_TIMEOUT_S,
+      check=False)
+  records: dict[str, list[dict]] = {}
+  for line in proc.stdout.splitlines():
+    m = LINE.match(line)
+    if m:
+      records.setdefault(m.group(2), []).append(json.loads(m.group(3)))
+  return proc.returncode, proc.stdout, records
+
+
+def shm_files(token: str) -> list[str]:
+  return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"jdg_{token}_"))
+
+
+class MultiprocessTest(parameterized.TestCase):
+
+  def token_of(self, records, out) -> str:
+    tokens = {r["token"] for r in records.get("JDG_TOKEN", [])}
+    self.assertLen(tokens, 1, out[-4000:])  # one job token, agreed by every process
+    return tokens.pop()
+
+  def assert_passed(self, rc, out, records, *, num_processes, iterations, checks, tol):
+    tail = out[-6000:]
+    self.assertEqual(rc, 0, tail)
+    self.assertIn("Disposition: Passed", out)
+    results = records.get("JDG_RESULT", [])
+    for check in checks:
+      for p in range(num_processes):
+        rs = [r for r in results if r["check"] == check and r["process"] == p]
+        self.assertLen(rs, iterations, f"{check}, process {p}:\n{tail}")
+        for r in rs:
+          self.assertTrue(r["ok"], r)
+          self.assertLessEqual(r["rel_err_ref"], tol, r)
+          self.assertLessEqual(r["rel_err_np"], tol, r)
+          # The FFI custom call is in the program (not a fallback): one per op.
+          self.assertEqual(r["fused_calls"], 2 if check == MLP else 1, r)
+    done = records.get("JDG_DONE", [])
+    self.assertLen(done, num_processes, tail)
+    for d in done:
+      self.assertTrue(d["ok"], d)
+      self.assertGreater(d["segments"], 0, d)  # the cross-process path ran (shm segments)
+    # Clean exit: every worker unlinked its segments (the launcher found none to remove).
+    self.assertIn("shared-memory segments left by the workers: 0 ", out)
+    self.assertEqual(shm_files(self.token_of(records, out)), [])
+
+  def assert_groups_span_processes(self, records, out, expected_groups):
+    meshes = records.get("JDG_MESH", [])
+    self.assertNotEmpty(meshes, out[-4000:])
+    locals_ = {m["process"]: set(m["local"]) for m in meshes}
+    for m in meshes:
+      self.assertEqual(m["groups"], expected_groups)
+      for group in m["groups"]:
+        owners = {p for p, ids in locals_.items() for d in group if d in ids}
+        self.assertLen(owners, len(locals_), f"group {group} does not span every process")
+
+  @parameterized.named_parameters(
+      # (processes, CPU devices per process, TP, dtype, expected TP groups (global ids))
+      ("2_processes_x_1_device", 2, 1, None, "fp32", [[0, 2048]]),
+      ("2_processes_x_2_devices_tp4", 2, 2, None, "fp32", [[0, 2048, 1, 2049]]),
+      ("2_processes_x_2_devices_two_tp2_groups", 2, 2, 2, "fp32", [[0, 2048], [1, 2049]]),
+      ("3_processes_bf16", 3, 1, None, "bf16", [[0, 2048, 4096]]),
+  )
+  def test_every_schedule_matches_reference(self, processes, per, tp, dtype, groups):
+    args = [f"--num-processes={processes}", f"--devices-per-process={per}", f"--dtype={dtype}",
+            "--iterations=2"]
+    if tp:
+      args.append(f"--tp={tp}")
+    rc, out, records = launch(*args)
+    self.assert_groups_span_processes(records, out, groups)
+    self.assert_passed(rc, out, records, num_processes=processes, iterations=2,
+                       checks=SCHEDULES + (MLP,), tol=1e-2 if dtype == "bf16" else 1e-3)
+
+  def test_peer_process_skips_a_call_times_out_then_recovers(self):
+    """Process 1's device skips one call: process 0 fails at the timeout naming the phase and
+    the missing rank (and its device), never hangs, and the next call is correct everywhere.
+    The workers then end like a crash (no atexit): their segments stay, and the stale-segment
+    sweep removes them."""
+    timeout_ms = 300
+    rc, out, records = launch("--num-processes=2", "--fault=1:0", f"--call-timeout-ms={timeout_ms}",
+                              f"--checks={SCHEDULES[0]}", "--iterations=1", "--no-exit-cleanup")
+    tail = out[-6000:]
+    self.assertEqual(rc, 0, tail)
+    self.assertIn("Disposition: Passed", out)
+    faults = {f["process"]: f for f in records.get("JDG_FAULT", [])}
+    self.assertEqual(sorted(faults), [0, 1], tail)
+    err = faults[0]["error"]
+    self.assertIsNotNone(err, tail)
+    self.assertIn("DEADLINE_EXCEEDED: jax_distgemm: CPU executor, device 0: rank 0 of 2", err)
+    self.assertIn(f"timed out after {timeout_ms} ms waiting for peers at pointer exchange", err)
+    self.assertRegex(err, r"missing ranks: 1\.")
+    self.assertIn("the missing ranks are devices [2048]", err)
+    self.assertIn("JAX_DISTGEMM_TIMEOUT_MS", err)
+    self.assertGreaterEqual(faults[0]["elapsed_s"], timeout_ms / 1000 * 0.9)
+    self.assertLess(faults[0]["elapsed_s"], 20.0)
+    self.assertIsNone(faults[1]["error"])  # the skipping device itself returns at once
+    for f in faults.values():
+      self.assertTrue(f["recovered"], f)  # the next call is correct in both processes
+    # os._exit left the segments; their owners are gone, so the sweep removes them all.
+    token = self.token_of(records, out)
+    left = shm_files(token)
+    self.assertNotEmpty(left, "--no-exit-cleanup should have left the workers' segments")
+    swept = _distgemm_cpu.sweep_stale_shm_segments()
+    self.assertContainsSubset(["/" + n for n in left], swept)
+    self.assertEqual(shm_files(token), [])
+
+  def test_peer_lost_mid_schedule_both_processes_see_the_timeout(self):
+    """TP=4 over 2 processes x 2 devices: device 2049 (rank 3) stops before the ReduceScatter
+    stage-1 barrier; the waiting ranks, in both processes, name stage 1 and rank 3."""
+    timeout_ms = 300
+    rc, out, records = launch("--num-processes=2", "--devices-per-process=2", "--fault=1:1:2",
+                              f"--call-timeout-ms={timeout_ms}", f"--checks={SCHEDULES[3]}",
+                              "--iterations=1")
+    tail = out[-6000:]
+    self.assertEqual(rc, 0, tail)
+    faults = {f["process"]: f for f in records.get("JDG_FAULT", [])}
+    self.assertEqual(sorted(faults), [0, 1], tail)
+    for f in faults.values():
+      self.assertIsNotNone(f["error"], f)
+      self.assertIn("DEADLINE_EXCEEDED", f["error"])
+      self.assertIn(f"timed out after {timeout_ms} ms waiting for peers at stage 1", f["error"])
+      self.assertRegex(f["error"], r"missing ranks: 3\.")
+      self.assertIn("the missing ranks are devices [2049]", f["error"])
+      self.assertLess(f["elapsed_s"], 20.0)
+      self.assertTrue(f["recovered"], f)
+    self.assertIn("shared-memory segments left by the workers: 0 ", out)
+    self.assertEqual(shm_files(self.token_of(records, out)), [])
+
+  def test_without_initialize_multiprocess_the_ffi_path_is_refused(self):
+    rc, out, _ = launch("--num-processes=2", f"--checks={SCHEDULES[0]}", "--skip-initialize")
+    self.assertNotEqual(rc, 0, out[-4000:])
+    self.assertIn("Disposition: Failed", out)
+    self.assertIn("spans processes (devices [2048] are not addressable by this process)", out)
+    self.assertIn("needs jax_distgemm.initialize_multiprocess() after "
+                  "jax.distributed.initialize()", out)
+
+
+if __name__ == "__main__":
+  absltest.main()
