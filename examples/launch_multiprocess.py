@@ -50,7 +50,10 @@ SCHEDULES = (
     "ReduceScatter1D_TilingB_RotatingC",
 )
 MLP = "MLP_RotatingA_then_TilingA"
-CHECKS = SCHEDULES + (MLP,)
+# "<schedule>@x4": the schedule again with M, N and K four times larger, after the others: the
+# same call site (channel) then needs a larger shared-memory segment, which must grow.
+GROWN = ("AllGather1D_TilingCD_RotatingA@x4", "ReduceScatter1D_TilingA_RotatingC@x4")
+CHECKS = SCHEDULES + (MLP,) + GROWN
 DTYPES = ("bf16", "fp16", "fp32")
 # Relative Frobenius error bounds vs float64 (products are exact in fp32 accumulation; the
 # output rounding dominates; fp32 allows TF32 on GPUs).
@@ -170,7 +173,6 @@ def worker(args) -> int:
   dtype = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[args.dtype]
   tol = TOL[args.dtype]
   timeout_ms = args.call_timeout_ms
-  m, n, k = args.m, args.n, args.k
 
   def specs(schedule):
     if schedule.startswith("AllGather"):
@@ -190,8 +192,11 @@ def worker(args) -> int:
     return np.asarray(jnp.asarray(rng.standard_normal(shape) * scale, dtype))
 
   def build(check, implementation):
-    """(jitted fn, global operands, float64 reference of the global output, out spec)."""
+    """(jitted fn, global operands, float64 reference of the global output)."""
     rng = np.random.default_rng(args.seed + CHECKS.index(check))
+    m, n, k = args.m, args.n, args.k
+    if check.endswith("@x4"):
+      check, m, n, k = check[:-len("@x4")], 4 * m, 4 * n, 4 * k
     if check == MLP:
       hidden = n
       x = rand(rng, (dp, m, k))
@@ -270,7 +275,13 @@ def worker(args) -> int:
   # Nobody leaves (or tears down the coordinator) before everyone is done.
   from jax._src import distributed  # noqa: PLC0415
   distributed.global_state.client.wait_at_barrier("jdg_launch_done", int(args.timeout * 1000))
-  emit("JDG_DONE", process=me, ok=ok, segments=len(jd.ffi._distgemm_cpu.shm_segments()))
+  sizes = {}
+  for name in jd.ffi._distgemm_cpu.shm_segments():
+    try:
+      sizes[name] = os.stat("/dev/shm" + name).st_size
+    except OSError:
+      sizes[name] = -1
+  emit("JDG_DONE", process=me, ok=ok, segments=len(sizes), segment_bytes=sizes)
   if args.no_exit_cleanup:
     sys.stdout.flush()
     os._exit(0 if ok else 1)  # no atexit: segments stay, as after a crash

@@ -2,8 +2,9 @@
 
 Each case launches a jax.distributed job of several processes on this machine (coordinator on
 127.0.0.1, JAX_PLATFORMS=cpu), in which every process calls jax_distgemm.initialize_multiprocess()
-and runs the four schedules and a two-op MLP block with implementation="ffi" on a mesh over the
-devices of all processes; the CPU executor meets the members of each TP group through POSIX
+and runs the four schedules, a two-op MLP block and two schedules again at 4x the size (their
+shared-memory segments must grow) with implementation="ffi" on a mesh over the devices of all
+processes; the CPU executor meets the members of each TP group through POSIX
 shared memory (cc/cpu/shm_exchange.h).  Every process checks its output blocks against
 implementation="reference" (same program) and float64 numpy; this test re-checks what each
 process reports, that the program really holds our custom call, and that the job leaves no
@@ -36,6 +37,8 @@ SCHEDULES = (
     "ReduceScatter1D_TilingB_RotatingC",
 )
 MLP = "MLP_RotatingA_then_TilingA"
+GROWN = ("AllGather1D_TilingCD_RotatingA@x4", "ReduceScatter1D_TilingA_RotatingC@x4")
+SEGMENT_GRANULE = 4096 + (64 << 10)  # header + the first data step of a segment
 LAUNCH_TIMEOUT_S = 90   # the launcher's own bound on its workers
 TEST_TIMEOUT_S = 120    # this test's bound on the launcher
 LINE = re.compile(r"^\[p(\d+)\] (JDG_[A-Z]+) (\{.*\})$")
@@ -69,7 +72,8 @@ class MultiprocessTest(parameterized.TestCase):
     self.assertLen(tokens, 1, out[-4000:])  # one job token, agreed by every process
     return tokens.pop()
 
-  def assert_passed(self, rc, out, records, *, num_processes, iterations, checks, tol):
+  def assert_passed(self, rc, out, records, *, num_processes, iterations, checks, tol,
+                    grown=False):
     tail = out[-6000:]
     self.assertEqual(rc, 0, tail)
     self.assertIn("Disposition: Passed", out)
@@ -89,6 +93,8 @@ class MultiprocessTest(parameterized.TestCase):
     for d in done:
       self.assertTrue(d["ok"], d)
       self.assertGreater(d["segments"], 0, d)  # the cross-process path ran (shm segments)
+      if grown:  # the 4x problems made a segment of a reused call site grow
+        self.assertGreater(max(d["segment_bytes"].values()), SEGMENT_GRANULE, d)
     # Clean exit: every worker unlinked its segments (the launcher found none to remove).
     self.assertIn("shared-memory segments left by the workers: 0 ", out)
     self.assertEqual(shm_files(self.token_of(records, out)), [])
@@ -118,7 +124,8 @@ class MultiprocessTest(parameterized.TestCase):
     rc, out, records = launch(*args)
     self.assert_groups_span_processes(records, out, groups)
     self.assert_passed(rc, out, records, num_processes=processes, iterations=2,
-                       checks=SCHEDULES + (MLP,), tol=1e-2 if dtype == "bf16" else 1e-3)
+                       checks=SCHEDULES + (MLP,) + GROWN, tol=1e-2 if dtype == "bf16" else 1e-3,
+                       grown=True)
 
   def test_peer_process_skips_a_call_times_out_then_recovers(self):
     """Process 1's device skips one call: process 0 fails at the timeout naming the phase and
