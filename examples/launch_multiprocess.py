@@ -274,7 +274,9 @@ def worker(args) -> int:
 
   # Nobody leaves (or tears down the coordinator) before everyone is done.
   from jax._src import distributed  # noqa: PLC0415
-  distributed.global_state.client.wait_at_barrier("jdg_launch_done", int(args.timeout * 1000))
+  client = distributed.global_state.client
+  client.key_value_set(f"jdg_launch/pid/{me}", str(os.getpid()))
+  client.wait_at_barrier("jdg_launch_done", int(args.timeout * 1000))
   sizes = {}
   for name in jd.ffi._distgemm_cpu.shm_segments():
     try:
@@ -283,9 +285,32 @@ def worker(args) -> int:
       sizes[name] = -1
   emit("JDG_DONE", process=me, ok=ok, segments=len(sizes), segment_bytes=sizes)
   if args.no_exit_cleanup:
+    # No atexit (no segment unlinking, no jax.distributed.shutdown), as after a crash.  Process 0
+    # hosts the coordinator: it goes last, or the others' coordination agents see it vanish
+    # and abort.
+    if me == 0:
+      peers = [int(client.blocking_key_value_get(f"jdg_launch/pid/{p}", 10_000))
+               for p in range(1, args.num_processes)]
+      deadline = time.monotonic() + 10
+      while time.monotonic() < deadline and any(alive(pid) for pid in peers):
+        time.sleep(0.02)
     sys.stdout.flush()
-    os._exit(0 if ok else 1)  # no atexit: segments stay, as after a crash
+    os._exit(0 if ok else 1)
   return 0 if ok else 1
+
+
+def alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  try:  # a child the launcher has not reaped yet is gone too
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(")")[-1].split()[0] != "Z"
+  except OSError:
+    return False
 
 
 def run_fault(args, me, fn, arrays, ref_out, ref64, local_errors, tol) -> bool:
