@@ -183,10 +183,13 @@ struct ShmExchange::Segment {
   char* Grow(size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (static_cast<size_t>(Load(&header->data_bytes)) >= bytes && mapped >= kHeaderBytes + bytes)
+      if (static_cast<size_t>(Load(&header->data_bytes)) >= bytes &&
+          mapped >= kHeaderBytes + bytes) {
         return base + kHeaderBytes;
+      }
     }
-    const size_t cap = RoundUp(std::max<size_t>(bytes, 1), kDataGranule);
+    const size_t cap = std::max(RoundUp(std::max<size_t>(bytes, 1), kDataGranule),
+                                static_cast<size_t>(Load(&header->data_bytes)));  // never shrink
     const int fd = shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) throw std::runtime_error(Errno("shm_open " + name, errno));
     const off_t total = static_cast<off_t>(kHeaderBytes + cap);
