@@ -20,12 +20,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import struct
 import subprocess
 import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
+import jax_distgemm as jd
 from jax_distgemm.ffi import _distgemm_cpu
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
@@ -193,6 +196,44 @@ class MultiprocessTest(parameterized.TestCase):
     self.assertIn("spans processes (devices [2048] are not addressable by this process)", out)
     self.assertIn("needs jax_distgemm.initialize_multiprocess() after "
                   "jax.distributed.initialize()", out)
+
+
+class SetupTest(absltest.TestCase):
+
+  def test_initialize_multiprocess_needs_jax_distributed(self):
+    with self.assertRaisesRegex(RuntimeError, re.escape("call jax.distributed.initialize() first")):
+      jd.initialize_multiprocess()
+
+
+class StaleSweepTest(absltest.TestCase):
+  """sweep_stale_shm_segments removes a segment only when it is ours (magic), from this PID
+  namespace, and its owner process is gone.  Headers are written by hand here, with the layout
+  of cc/cpu/shm_exchange.cc (magic u64, version u32, owner pid i32, pid namespace u64)."""
+
+  MAGIC = 0x316d68736d67646a
+
+  def make(self, *, magic=MAGIC, pid, pid_ns=None) -> str:
+    name = f"jdg_sweeptest{secrets.token_hex(6)}_0_1_r0"
+    ns = os.stat("/proc/self/ns/pid").st_ino if pid_ns is None else pid_ns
+    with open(os.path.join("/dev/shm", name), "wb") as f:
+      f.write(struct.pack("<QIiQ", magic, 1, pid, ns).ljust(4096, b"\0"))
+    self.addCleanup(lambda: os.path.exists(f"/dev/shm/{name}") and os.unlink(f"/dev/shm/{name}"))
+    return name
+
+  def test_only_segments_of_dead_owners_are_removed(self):
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    dead_pid = int(child.stdout)  # reaped: the pid names no process now
+    dead = self.make(pid=dead_pid)
+    live = self.make(pid=os.getpid())
+    foreign = self.make(pid=dead_pid, magic=0x1234)
+    other_ns = self.make(pid=dead_pid, pid_ns=1)
+    swept = _distgemm_cpu.sweep_stale_shm_segments()
+    self.assertIn("/" + dead, swept)
+    self.assertFalse(os.path.exists(f"/dev/shm/{dead}"))
+    for kept in (live, foreign, other_ns):
+      self.assertNotIn("/" + kept, swept)
+      self.assertTrue(os.path.exists(f"/dev/shm/{kept}"), kept)
 
 
 if __name__ == "__main__":
