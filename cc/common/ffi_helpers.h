@@ -66,4 +66,15 @@ inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w
   return ffi::Error::Success();
 }
 
+// Rank of `device_id` in the call's TP groups and the index of its group, or an error.
+inline ffi::Error LocateDevice(const CallAttrs& a, int64_t device_id, int* rank, int* group) {
+  *rank = FindRank(a.groups.begin(), static_cast<int64_t>(a.groups.size()),
+                   static_cast<int>(a.tp), device_id, group);
+  if (*rank < 0) {
+    return InvalidArgument("device " + std::to_string(device_id) +
+                           " is not in the TP groups of this call");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace jax_distgemm

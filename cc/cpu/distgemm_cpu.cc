@@ -153,13 +153,8 @@ ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBu
   Problem p;
   if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
   const int64_t device_id = GlobalDeviceId(kPlatformCpu, device_ordinal);
-  int group = -1;
-  const int rank = FindRank(groups.begin(), static_cast<int64_t>(groups.size()),
-                            static_cast<int>(tp), device_id, &group);
-  if (rank < 0) {
-    return InvalidArgument("device " + std::to_string(device_id) +
-                           " is not in the TP groups of this call");
-  }
+  int rank = -1, group = -1;
+  if (auto err = LocateDevice(attrs, device_id, &rank, &group); err.failure()) return err;
   const void* cptr = p.has_c ? c.untyped_data() : nullptr;
   const auto timeout = std::chrono::milliseconds(timeout_ms);
 

@@ -71,13 +71,8 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
 
   // Rank and group: the attribute holds global device ids; map them to local ordinals.
   const int64_t my_id = GlobalDeviceId(kPlatformCuda, device_ordinal);
-  int group_index = -1;
-  const int rank = FindRank(groups.begin(), static_cast<int64_t>(groups.size()),
-                            static_cast<int>(tp), my_id, &group_index);
-  if (rank < 0) {
-    return InvalidArgument("device " + std::to_string(my_id) +
-                           " is not in the TP groups of this call");
-  }
+  int rank = -1, group_index = -1;
+  if (auto err = LocateDevice(attrs, my_id, &rank, &group_index); err.failure()) return err;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
   std::vector<int> ordinals(tp);
