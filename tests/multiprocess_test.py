@@ -17,6 +17,7 @@ at the same bound); this test kills the launcher after a larger one.  A job that
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -33,14 +34,11 @@ from jax_distgemm.ffi import _distgemm_cpu
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 LAUNCHER = os.path.join(REPO, "examples", "launch_multiprocess.py")
-SCHEDULES = (
-    "AllGather1D_TilingCD_RotatingA",
-    "AllGather1D_TilingCD_RotatingB",
-    "ReduceScatter1D_TilingA_RotatingC",
-    "ReduceScatter1D_TilingB_RotatingC",
-)
-MLP = "MLP_RotatingA_then_TilingA"
-GROWN = ("AllGather1D_TilingCD_RotatingA@x4", "ReduceScatter1D_TilingA_RotatingC@x4")
+# The check names the launcher understands (one source of truth: the launcher).
+_spec = importlib.util.spec_from_file_location("launch_multiprocess", LAUNCHER)
+_launcher = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_launcher)
+SCHEDULES, MLP, GROWN = _launcher.SCHEDULES, _launcher.MLP, _launcher.GROWN
 SEGMENT_GRANULE = 4096 + (64 << 10)  # header + the first data step of a segment
 LAUNCH_TIMEOUT_S = 90   # the launcher's own bound on its workers
 TEST_TIMEOUT_S = 120    # this test's bound on the launcher
