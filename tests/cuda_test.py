@@ -27,21 +27,12 @@ import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
 from jax_distgemm import ffi as ffi_modules  # noqa: E402
 
-REQUIRE = os.environ.get("JAX_DISTGEMM_REQUIRE_GPU") == "1"
-
-
 GPUS = test_util.hopper_gpus()
 TP = 2
 
 
 def setUpModule():
-  if len(GPUS) < TP:
-    msg = f"needs {TP} Hopper GPUs, found {len(GPUS)}"
-    if REQUIRE:
-      raise AssertionError(msg + " (JAX_DISTGEMM_REQUIRE_GPU=1)")
-    raise absltest.SkipTest(msg)
-  if not ffi_modules.has_cuda():
-    raise AssertionError(f"CUDA extension not built: {ffi_modules.cuda_import_error}")
+  test_util.require_hopper_gpus(TP)
 
 
 def gpu_mesh(tp=TP):
@@ -53,18 +44,14 @@ def run_global(schedule, x, w, c=None, *, alpha=1.0, beta=0.0, out_dtype=None,
   mesh = mesh or gpu_mesh()
   batch_ndim = x.ndim - 2
   xs, ws, os_ = test_util.specs(schedule, batch_ndim, w_batched=w_batched)
-  args = [jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws))]
-  in_specs = [xs, ws]
-  if c is not None:
-    args.append(jax.device_put(c, NamedSharding(mesh, os_)))
-    in_specs.append(os_)
+  args, in_specs = test_util.place(mesh, (xs, ws, os_), x, w, c)
 
   def body(a, b, *rest):
     return jd.distributed_matmul(a, b, rest[0] if rest else None, axis_name="tp",
                                  schedule=schedule, alpha=alpha, beta=beta, out_dtype=out_dtype,
                                  implementation=implementation, timeout_ms=timeout_ms)
 
-  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=os_))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=os_))
   return f, args
 
 

@@ -24,18 +24,14 @@ class EagerShardMapTest(parameterized.TestCase):
     xs, ws, os_ = tu.specs(schedule, 0)
     x, w, _ = tu.random_inputs(3, (16, 32), (32, 24), jnp.float32)
     c = jnp.asarray(np.random.default_rng(4).standard_normal((16, 24)), jnp.float32)
-    args = [jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws))]
-    in_specs = [xs, ws]
-    if with_c:
-      args.append(jax.device_put(c, NamedSharding(mesh, os_)))
-      in_specs.append(os_)
+    args, in_specs = tu.place(mesh, (xs, ws, os_), x, w, c if with_c else None)
 
     def body(a, b, *rest):
       return jd.distributed_matmul(a, b, rest[0] if rest else None, axis_name="tp",
                                    schedule=schedule, beta=0.5 if rest else 0.0,
                                    implementation="ffi")
 
-    f = jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=os_)  # no jit
+    f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=os_)  # no jit
     out = f(*args)
     ref = tu.reference_np(x, w, c if with_c else None, beta=0.5 if with_c else 0.0)
     self.assertLess(tu.rel_err(out, ref), 1e-5)

@@ -32,7 +32,6 @@ except ImportError:
 from absl.testing import absltest  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
 
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
@@ -83,15 +82,10 @@ def build():
     out_shape = x_shape[:-1] + (w_shape[-1],)
     xg, wg, cg = tu.random_inputs(i, x_shape, w_shape, dtype,
                                   c_shape=out_shape if with_c else None)
-    args = [jax.device_put(xg, NamedSharding(mesh, xs)),
-            jax.device_put(wg, NamedSharding(mesh, ws))]
-    in_specs = [xs, ws]
-    if with_c:
-      args.append(jax.device_put(cg, NamedSharding(mesh, os_)))
-      in_specs.append(os_)
+    args, in_specs = tu.place(mesh, (xs, ws, os_), xg, wg, cg if with_c else None)
     body = lambda x, w, *c, s=schedule, b=float(with_c): jd.distributed_matmul(
         x, w, *c, axis_name="tp", schedule=s, beta=b, implementation="ffi")
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=os_))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=os_))
     calls.append((f, args, tu.reference_np(xg, wg, cg, beta=float(with_c)), dtype))
   return calls
 

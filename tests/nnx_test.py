@@ -15,7 +15,6 @@ from __future__ import annotations
 import test_util  # noqa: I001  (first: configures JAX before it initializes)
 
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +34,6 @@ from jax_distgemm import nnx as tp_nnx
 
 B, S, D_IN, D_OUT = 4, 16, 24, 32  # S, D_IN, D_OUT divisible by tp (4 or 2); B by data (2)
 LAYERS = ("column", "row")
-REQUIRE_GPU = os.environ.get("JAX_DISTGEMM_REQUIRE_GPU") == "1"
 
 
 def make_mesh(devices, shape):
@@ -321,16 +319,7 @@ class CudaLayerTest(CpuBf16LayerTest):
 
   @classmethod
   def devices(cls):
-    gpus = test_util.hopper_gpus()
-    if len(gpus) < 2:
-      msg = f"needs 2 Hopper GPUs, found {len(gpus)}"
-      if REQUIRE_GPU:
-        raise AssertionError(msg + " (JAX_DISTGEMM_REQUIRE_GPU=1)")
-      raise absltest.SkipTest(msg)
-    from jax_distgemm import ffi as ffi_modules
-    if not ffi_modules.has_cuda():
-      raise AssertionError(f"CUDA extension not built: {ffi_modules.cuda_import_error}")
-    return gpus[:2]
+    return test_util.require_hopper_gpus(2)
 
 
 if __name__ == "__main__":

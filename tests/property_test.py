@@ -22,7 +22,6 @@ from hypothesis import strategies as st  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
 
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
@@ -103,17 +102,12 @@ class PropertyTest(absltest.TestCase):
                                   c_shape=out_shape if use_c else None)
     ref = tu.reference_np(xg, wg, cg, alpha=case.alpha, beta=case.beta)
     out_dtype = jnp.float32 if case.out_f32 else None
-    args = [jax.device_put(xg, NamedSharding(mesh, xs)),
-            jax.device_put(wg, NamedSharding(mesh, ws))]
-    in_specs = [xs, ws]
-    if use_c:
-      args.append(jax.device_put(cg, NamedSharding(mesh, os_)))
-      in_specs.append(os_)
+    args, in_specs = tu.place(mesh, (xs, ws, os_), xg, wg, cg if use_c else None)
     for impl in ("ffi", "xla"):
       body = lambda x, w, *c, impl=impl: jd.distributed_matmul(
           x, w, *c, axis_name="tp", schedule=case.schedule, alpha=case.alpha, beta=case.beta,
           out_dtype=out_dtype, implementation=impl)
-      f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=os_))
+      f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=os_))
       out = f(*args)
       self.assertEqual(out.shape, out_shape, f"{impl}: {case}")
       self.assertEqual(out.dtype, jnp.dtype(out_dtype or dtype), f"{impl}: {case}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import unittest
 
 os.environ.setdefault("XLA_FLAGS", "")
 import jax  # noqa: E402
@@ -50,6 +51,28 @@ def hopper_gpus():
   except RuntimeError:
     return []
   return [d for d in gpus if getattr(d, "compute_capability", "") == "9.0"]
+
+
+def require_hopper_gpus(n: int):
+  """The first n Hopper GPUs; skips where there are fewer, unless JAX_DISTGEMM_REQUIRE_GPU=1
+  (tools/gpu_check.sh) makes that a failure.  A missing CUDA extension is always a failure."""
+  gpus = hopper_gpus()
+  if len(gpus) < n:
+    msg = f"needs {n} Hopper GPUs, found {len(gpus)}"
+    if os.environ.get("JAX_DISTGEMM_REQUIRE_GPU") == "1":
+      raise AssertionError(msg + " (JAX_DISTGEMM_REQUIRE_GPU=1)")
+    raise unittest.SkipTest(msg)
+  from jax_distgemm import ffi as ffi_modules
+  if not ffi_modules.has_cuda():
+    raise AssertionError(f"CUDA extension not built: {ffi_modules.cuda_import_error}")
+  return gpus[:n]
+
+
+def place(mesh, specs3, x, w, c=None):
+  """x, w (and c, if given) on `mesh` by the (x, w, out) specs: (arrays, their in_specs)."""
+  xs, ws, os_ = specs3
+  pairs = [(x, xs), (w, ws)] + ([(c, os_)] if c is not None else [])
+  return [jax.device_put(a, NamedSharding(mesh, s)) for a, s in pairs], tuple(s for _, s in pairs)
 
 
 def mesh_1d(tp: int, devices=None, axis: str = "tp") -> jax.sharding.Mesh:
