@@ -30,7 +30,8 @@ int EnvInt(const char* name) {
   return e == nullptr ? 0 : std::atoi(e);
 }
 
-// JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add forces a ReduceScatter data path (executor.h).
+// JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add|copy_ring forces a ReduceScatter data path
+// (executor.h).
 int RsPathFromEnv() {
   const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
   if (e == nullptr) return kRsAuto;
@@ -38,6 +39,7 @@ int RsPathFromEnv() {
   if (v == "remote_c") return kRsRemoteC;
   if (v == "push") return kRsPush;
   if (v == "copy_add") return kRsCopyAdd;
+  if (v == "copy_ring") return kRsCopyRing;
   return kRsAuto;
 }
 

@@ -18,9 +18,16 @@
 //   kPush     as kRemoteC with C = my slot i-1 and D = right's slot i (remote store)
 //   kCopyAdd  TP=2: stage 0 D = my slot 0; copy engine: slot 0 -> right's recv slot,
 //             flag(1)=e; stage 1 D = out (no C); add kernel: wait flag(1) | out += recv
+//   kCopyRing any TP, each stage split into row chunks c (CallOptions::rs_chunks, default 2):
+//             stage i chunk c: wait flag(i,c) (i > 0) | C = my recv slot i, rows c (i > 0) |
+//             D = my send slot i, rows c (out at the last); then, if i < TP-1, copy engine:
+//             send slot i rows c -> right's recv slot i+1 rows c, right.flag(i+1,c)=e
+//
+//     main stream : [s0 c0][s0 c1] [s1 c0: wait f(1,0)][s1 c1: wait f(1,1)] ...      <join>
+//     copy stream :        push s0 c0, f(1,0)=e  push s0 c1, f(1,1)=e  push s1 c0 ...
 //
 // Slots are indexed [parity][slot] with parity = epoch % 2 (peer_state.h explains why that
-// suffices without a trailing barrier).
+// suffices without a trailing barrier; EnqueueRsCopyRing repeats the argument for its slots).
 #include "cc/cuda/executor.h"
 
 #include <algorithm>
@@ -46,11 +53,19 @@ size_t SlotBytes(const Problem& p) {
   return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
 }
 
-// Slots per parity: TP-1 (one per stage that receives), and at TP=2 ReduceScatter two (the
-// local partial and the received one of kCopyAdd), whichever path runs.
+// Slots per parity.  AllGather: TP-1, one per stage that receives.  ReduceScatter: 2*(TP-1),
+// the largest layout of its paths, whichever runs: kRemoteC and kPush use slots 0..TP-2,
+// kCopyAdd (TP=2) slots 0 (local partial) and 1 (received), kCopyRing send slots 0..TP-2 and
+// receive slots TP-1..2*TP-3 (RsSendSlot / RsRecvSlot).  WorkspaceBytes takes no CallOptions,
+// so the workspace is sized (and, being grown only, stays sized) for the largest path: at TP>2
+// that is twice what kRemoteC alone would need.
 int SlotsPerParity(const Problem& p) {
-  return (!IsAllGather(p.schedule) && p.tp == 2) ? 2 : p.tp - 1;
+  return IsAllGather(p.schedule) ? p.tp - 1 : 2 * (p.tp - 1);
 }
+
+// kCopyRing: where stage i's running sum is written (i < TP-1) and received (i >= 1).
+int RsSendSlot(int i) { return i; }
+int RsRecvSlot(const Problem& p, int i) { return p.tp - 1 + (i - 1); }
 
 uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
   return d.workspace +
@@ -81,8 +96,60 @@ void ChunkRange(int64_t extent, int chunks, int c, int64_t* begin, int64_t* end)
   *end = c == chunks - 1 ? extent : std::min<int64_t>(extent, (c + 1) * size);
 }
 
+// The largest n <= want (and >= 1) for which no chunk of ChunkRange(extent, n, .) is empty: the
+// 128-row rounding can leave the last chunk empty (extent 640 in 4: 256, 256, 128, 0).
+int NonEmptyChunks(int64_t extent, int want) {
+  int n = std::max(want, 1);
+  while (n > 1) {
+    int64_t lo, hi;
+    ChunkRange(extent, n, n - 1, &lo, &hi);
+    if (lo < hi) break;
+    --n;
+  }
+  return n;
+}
+
+// kCopyRing: row chunks per stage (rows of the partial, i.e. of A and of D).  Whole multiples of
+// 128 rows except the last, no empty chunk, at most kMaxChunks (one flag each).
+int RsChunks(const Problem& p, const CallOptions& o) {
+  if (p.tp == 1) return 1;
+  const int want = static_cast<int>(
+      std::clamp<int64_t>(p.sm() / 128, 1, std::clamp(o.rs_chunks, 1, kMaxChunks)));
+  return NonEmptyChunks(p.sm(), want);
+}
+
+// Copies rows [lo, hi) of every batch of a packed [L, sm, sn] running sum (PartialView) from
+// `src` to `dst` (same layout) on `stream`: one copy when the rows are contiguous (L = 1 or all
+// rows), else one 2-D copy (a row block per batch).
+cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_t lo, int64_t hi,
+                            cudaStream_t stream) {
+  const MatrixView pv = p.PartialView();
+  const size_t esz = ElemSize(p.out_type);
+  const size_t width = static_cast<size_t>(hi - lo) * pv.ld * esz;
+  const size_t pitch = static_cast<size_t>(pv.batch_stride) * esz;
+  uint8_t* d = static_cast<uint8_t*>(dst) + lo * pv.ld * esz;
+  const uint8_t* s = static_cast<const uint8_t*>(src) + lo * pv.ld * esz;
+  if (p.batch == 1 || width == pitch) {
+    return cudaMemcpyAsync(d, s, width * (width == pitch ? p.batch : 1),
+                           cudaMemcpyDeviceToDevice, stream);
+  }
+  if (pitch <= static_cast<size_t>(INT32_MAX)) {  // cudaMemcpy2D's pitch limit (memPitch)
+    return cudaMemcpy2DAsync(d, pitch, s, pitch, width, p.batch, cudaMemcpyDeviceToDevice,
+                             stream);
+  }
+  for (int64_t l = 0; l < p.batch; ++l) {
+    if (cudaError_t e = cudaMemcpyAsync(d + l * pitch, s + l * pitch, width,
+                                        cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
 // kRemoteC unless JAX_DISTGEMM_RS_PATH says otherwise: on 2x H200 it matched or beat kPush and
-// kCopyAdd on the suite shapes (docs/performance.md, 2026-11-30).
+// kCopyAdd on the suite shapes (docs/performance.md, 2026-11-30).  kCopyRing is opt-in until it
+// is measured on the GPU; switch the default only if it wins there.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
   if (o.rs_path == kRsAuto) return kRsRemoteC;
   return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
@@ -217,13 +284,100 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   return "";
 }
 
+// ReduceScatter, kCopyRing (diagram at the top).  Stage i, chunk c (rows [lo, hi) of the
+// partial): D = my send slot i (out at the last stage), C = my receive slot i (i > 0, after
+// flag(i, c)); then the copy engine pushes those rows into the right neighbour's receive slot
+// i+1 and sets its flag(i+1, c).  SMs only touch local memory.
+//
+// NOTE: why the slots need no more than epoch parity.  Within a call every slot is written once:
+// send slot i by my stage i (read only by my copy engine, after an event on that chunk's GEMM),
+// receive slot i by my left neighbour's copy engine (read only by my stage i, after the flag).
+// Across calls: my send slots of parity e%2 were last read by my copies of call e-2, which
+// the main stream joined before call e-2 returned.  My receive slots of parity e%2 are written
+// in call e by the left neighbour's copy engine only after its call e GEMM of that chunk, i.e.
+// after it finished call e-1, whose last stage waited (through the ring: left-left's stage
+// TP-2, ..., right's stage 1) on my stage 0 of call e-1, which ran after I finished call e-2,
+// the last reader of those slots.  And a flag >= e cannot be satisfied early by call e+1: that
+// write follows the same chunk's call e copy on the same copy stream.
+template <class Sched>
+std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
+                              const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+  DeviceState& me = group.dev(rank);
+  const int tp = p.tp;
+  DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
+  const MatrixView pv = p.PartialView();
+  const size_t osz = ElemSize(p.out_type);
+  const int64_t rows = p.sm();
+  const int chunks = RsChunks(p, o);
+  for (int i = 0; i < tp; ++i) {
+    const int tile = Sched::OutputTile(rank, i, tp);
+    const bool last = i == tp - 1;
+    const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
+    uint8_t* send = last ? nullptr : Slot(me, p, epoch, RsSendSlot(i));
+    const uint8_t* recv = i == 0 ? nullptr : Slot(me, p, epoch, RsRecvSlot(p, i));
+    for (int c = 0; c < chunks; ++c) {
+      int64_t lo = 0, hi = rows;
+      if (chunks > 1) ChunkRange(rows, chunks, c, &lo, &hi);
+      GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+      g.ops.m = hi - lo;
+      g.ops.a = At(b.x, av.offset + lo * av.ld, p.in_type);
+      g.ops.lda = av.ld;
+      g.ops.batch_stride_a = av.batch_stride;
+      g.ops.b = At(b.w, bv.offset, p.in_type);
+      g.ops.ldb = bv.ld;
+      g.ops.batch_stride_b = bv.batch_stride;
+      if (last) {
+        g.ops.d = const_cast<uint8_t*>(At(b.out, ov.offset + lo * ov.ld, p.out_type));
+        g.ops.ldd = ov.ld;
+        g.ops.batch_stride_d = ov.batch_stride;
+      } else {
+        g.ops.d = send + lo * pv.ld * osz;
+        g.ops.ldd = pv.ld;
+        g.ops.batch_stride_d = pv.batch_stride;
+      }
+      if (i > 0) {
+        g.ops.c = recv + lo * pv.ld * osz;  // the left neighbour's running sum, pushed here
+        g.ops.ldc = pv.ld;
+        g.ops.batch_stride_c = pv.batch_stride;
+        g.ops.beta = 1.f;
+        g.sync.wait_flag = me.flags + FlagIndex(i, c);
+        g.sync.wait_epoch = epoch;
+        g.sync.stage = i;
+        g.sync.peer = Sched::Source(rank, i, tp);
+      }
+      if (std::string err = Launch(g, stream, i); !err.empty()) return err;
+      if (last || o.skip_signals) continue;
+      // Push this chunk while the next ones compute.  One event suffices: cudaStreamWaitEvent
+      // waits for the event's most recent record at the time of the call.
+      if (cudaEventRecord(me.stage_done, stream) != cudaSuccess ||
+          cudaStreamWaitEvent(me.copy_stream, me.stage_done, 0) != cudaSuccess) {
+        return CudaFailure("fork copy stream");
+      }
+      cudaError_t e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)), send, lo,
+                                      hi, me.copy_stream);
+      if (e == cudaSuccess) {
+        e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(i + 1, c), epoch);
+      }
+      if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
+    }
+  }
+  // Our pushes read only workspace slots (parity keeps the next call off them), but join
+  // anyway, as the AllGather path does: nothing of this call outlives it on the copy stream.
+  if (tp > 1 && (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess ||
+                 cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess)) {
+    return CudaFailure("join copy stream");
+  }
+  return "";
+}
+
 template <class Sched>
 std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o,
                                  cudaStream_t stream, uint32_t epoch) {
+  const RsPath path = ChooseRsPath(p, o);
+  if (path == kRsCopyRing) return EnqueueRsCopyRing<Sched>(p, rank, group, b, o, stream, epoch);
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
-  const RsPath path = ChooseRsPath(p, o);
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
   DeviceState& prev = group.dev(Sched::Source(rank, 1, tp));
   // Where running sum i lives: the producer's slot (remote C, copy-add) or the consumer's.

@@ -28,6 +28,9 @@ struct CallOptions {
   // environment (JAX_DISTGEMM_RS_PATH, JAX_DISTGEMM_AG_CHUNKS), 0 / empty = automatic.
   int rs_path = 0;
   int ag_chunks = 0;
+  // kRsCopyRing only: row chunks per stage (clamped to [1, kMaxChunks], at most one per 128
+  // rows).  A constant default for now; no environment variable.
+  int rs_chunks = 2;
 };
 
 // ReduceScatter data paths.  kRemoteC: the running sum stays in its producer's slot and the
@@ -35,9 +38,15 @@ struct CallOptions {
 // epilogue stores it into the consumer's slot (remote TMA store).  kCopyAdd (TP=2): each stage
 // writes locally, the copy engine moves the partial while the next stage computes, and a final
 // add kernel combines: the bytes overlap a whole stage, at the price of one elementwise pass.
-enum RsPath : int { kRsAuto = 0, kRsRemoteC = 1, kRsPush = 2, kRsCopyAdd = 3 };
+// kCopyRing (any TP): each stage writes its running sum locally, in row chunks; after each
+// chunk the copy engine pushes it into the right neighbour's local receive slot and sets its
+// flag, and the neighbour's matching chunk GEMM reads it locally as C: no SM touches NVLink and
+// there is no add pass.  Opt-in (JAX_DISTGEMM_RS_PATH=copy_ring) until measured faster than
+// kRemoteC on the GPU; only then should ChooseRsPath make it the default.
+enum RsPath : int { kRsAuto = 0, kRsRemoteC = 1, kRsPush = 2, kRsCopyAdd = 3, kRsCopyRing = 4 };
 
-// Symmetric workspace bytes one device needs for `p` (double-buffered slots).
+// Symmetric workspace bytes one device needs for `p` (double-buffered slots), for whichever
+// ReduceScatter path runs (the largest layout; executor.cc, SlotsPerParity).
 size_t WorkspaceBytes(const Problem& p);
 
 // Enqueues the whole call on `stream` (and this device's copy stream).  The group must be
