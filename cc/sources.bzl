@@ -8,12 +8,14 @@ COMMON_SRCS = [
     "common/device_ids.cc",
     "common/problem.cc",
     "common/rendezvous.cc",
+    "common/shm_exchange.cc",
 ]
 COMMON_HDRS = [
     "common/device_ids.h",
     "common/ffi_helpers.h",
     "common/problem.h",
     "common/rendezvous.h",
+    "common/shm_exchange.h",
     "schedules/ring_1d.h",
 ]
 
@@ -21,12 +23,10 @@ COMMON_HDRS = [
 CPU_SRCS = [
     "cpu/distgemm_cpu.cc",
     "cpu/gemm_cpu.cc",
-    "cpu/shm_exchange.cc",
 ]
 CPU_HDRS = [
     "cpu/distgemm_cpu.h",
     "cpu/gemm_cpu.h",
-    "cpu/shm_exchange.h",
 ]
 CPU_MODULE_SRCS = [
     "bindings/cpu_module.cc",
@@ -41,6 +41,7 @@ CUDA_HOST_SRCS = [
     "cuda/distgemm_cuda.cc",
     "cuda/executor.cc",
     "cuda/gemm_registry.cc",
+    "cuda/peer_ipc.cc",
     "cuda/peer_state.cc",
 ]
 CUDA_KERNEL_SRCS = [

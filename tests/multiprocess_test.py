@@ -5,7 +5,7 @@ Each case launches a jax.distributed job of several processes on this machine (c
 and runs the four schedules, a two-op MLP block and two schedules again at 4x the size (their
 shared-memory segments must grow) with implementation="ffi" on a mesh over the devices of all
 processes; the CPU executor meets the members of each TP group through POSIX
-shared memory (cc/cpu/shm_exchange.h).  Every process checks its output blocks against
+shared memory (cc/common/shm_exchange.h).  Every process checks its output blocks against
 implementation="reference" (same program) and float64 numpy; this test re-checks what each
 process reports, that the program really holds our custom call, and that the job leaves no
 shared-memory segment behind.
@@ -206,7 +206,7 @@ class SetupTest(absltest.TestCase):
 class StaleSweepTest(absltest.TestCase):
   """sweep_stale_shm_segments removes a segment only when it is ours (magic), from this PID
   namespace, and its owner process is gone.  Headers are written by hand here, with the layout
-  of cc/cpu/shm_exchange.cc (magic u64, version u32, owner pid i32, pid namespace u64)."""
+  of cc/common/shm_exchange.cc (magic u64, version u32, owner pid i32, pid namespace u64)."""
 
   MAGIC = 0x316d68736d67646a
 

@@ -188,16 +188,25 @@ class ValidationTest(absltest.TestCase):
     validation.check_groups_local(groups, [4, 5])  # a group wholly elsewhere is not ours
 
   def test_tp_group_spans_processes_cuda(self):
-    # The CUDA executor has no cross-process path yet: refused even after the setup call.
-    groups = np.array([[0, 1, 2, 3]])
-    state = multiprocess.State(token="t", process_index=0, hosts=("h", "h"))
-    for mp_state in (None, state):
-      with self.assertRaisesMsg(ValueError, "implementation='ffi' across processes is not "
-                                "implemented on CUDA yet"):
-        validation.check_groups_local(groups, [0, 1], platform="cuda",
-                                      process_of={0: 0, 1: 0, 2: 1, 3: 1},
-                                      multiprocess=mp_state)
-    validation.check_groups_local(groups, [0, 1, 2, 3], platform="cuda")  # all local: ok
+    # CUDA across processes (CUDA IPC): needs the setup call, one host, one GPU per process.
+    same = multiprocess.State(token="t", process_index=0, hosts=("h", "h", "h", "h"))
+    one_each = np.array([[0, 1, 2, 3]])
+    process_of = {0: 0, 1: 1, 2: 2, 3: 3}
+    with self.assertRaisesMsg(ValueError, "needs jax_distgemm.initialize_multiprocess()"):
+      validation.check_groups_local(one_each, [0], platform="cuda", process_of=process_of)
+    validation.check_groups_local(one_each, [0], platform="cuda", process_of=process_of,
+                                  multiprocess=same)
+    other = multiprocess.State(token="t", process_index=0, hosts=("h", "h", "g", "g"))
+    with self.assertRaisesMsg(ValueError, "devices [2, 3] are on another host, which the CUDA "
+                              "executor cannot reach (it maps peers' workspaces through CUDA IPC"):
+      validation.check_groups_local(one_each, [0], platform="cuda", process_of=process_of,
+                                    multiprocess=other)
+    two_each = {0: 0, 1: 0, 2: 1, 3: 1}
+    with self.assertRaisesMsg(ValueError, "on CUDA a TP group that spans processes must have one "
+                              "GPU per process (this process holds [0, 1])"):
+      validation.check_groups_local(one_each, [0, 1], platform="cuda", process_of=two_each,
+                                    multiprocess=same)
+    validation.check_groups_local(one_each, [0, 1, 2, 3], platform="cuda")  # all local: ok
 
   def test_tp_group_spans_hosts(self):
     # After initialize_multiprocess(): CPU groups across processes of this host are accepted,

@@ -26,6 +26,7 @@ NB_MODULE(_distgemm_cuda, m) {
   m.def("set_device_ids", [](std::vector<int32_t> ordinals, std::vector<int64_t> ids) {
     jax_distgemm::SetDeviceIds(jax_distgemm::kPlatformCuda, ordinals, ids);
   });
+  jax_distgemm::AddShmBindings(m);  // cross-process groups: the setup meeting (peer_ipc.cc)
   m.def("schedule_table", &jax_distgemm::ScheduleTableList);
   m.def("reset", &jax_distgemm::cuda::ResetAll,
         "Drain all devices, zero flags and epochs, clear sticky errors. Returns '' or an error.");

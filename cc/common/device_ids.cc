@@ -35,6 +35,16 @@ int64_t GlobalDeviceId(int platform, int32_t ordinal) {
   return jt == it->second.end() ? ordinal : jt->second;
 }
 
+int32_t LocalOrdinal(int platform, int64_t id) {
+  std::lock_guard<std::mutex> lock(Mu());
+  auto it = Table().find(platform);
+  if (it == Table().end() || it->second.empty()) return static_cast<int32_t>(id);
+  for (const auto& [ordinal, global] : it->second) {
+    if (global == id) return ordinal;
+  }
+  return -1;
+}
+
 bool IsLocalDeviceId(int platform, int64_t id) {
   std::lock_guard<std::mutex> lock(Mu());
   auto it = Table().find(platform);

@@ -14,9 +14,12 @@ void SetDeviceIds(int platform, const std::vector<int32_t>& ordinals,
                   const std::vector<int64_t>& global_ids);
 // Global id of `ordinal`, or `ordinal` itself when no table was registered.
 int64_t GlobalDeviceId(int platform, int32_t ordinal);
+// The local ordinal of global id `id`: its registered ordinal, -1 when a table is registered
+// and `id` is not in it (a device of another process), `id` itself when none is (one process).
+int32_t LocalOrdinal(int platform, int64_t id);
 // Whether global id `id` is a device of this process: one of the registered ids, or any id
 // when no table was registered (one process).  The CPU executor meets a TP group with a
-// member that is not local across processes (cc/cpu/shm_exchange.h).
+// member that is not local across processes (cc/common/shm_exchange.h).
 bool IsLocalDeviceId(int platform, int64_t id);
 
 inline constexpr int kPlatformCpu = 0;

@@ -19,7 +19,7 @@ namespace jax_distgemm {
 
 // What the executor's schedules need from the meeting of one call's TP handlers, whatever carries
 // it: a Session between the threads of one process (SessionExchange below), or POSIX shared
-// memory between processes (cc/cpu/shm_exchange.h).  Each rank exposes one buffer that its peers
+// memory between processes (cc/common/shm_exchange.h).  Each rank exposes one buffer that its peers
 // read; barriers are numbered and bounded as in Session::Barrier.
 class Exchange {
  public:

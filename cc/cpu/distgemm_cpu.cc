@@ -2,7 +2,7 @@
 // the TP handlers of one call meet in an Exchange, expose what peers read (a copy of the
 // rotating shard, or the running sums), and then run the schedule stage by stage, reading
 // peers' buffers in place.  The Exchange is a host Session when the whole TP group is in this
-// process, POSIX shared memory when some members are in other processes (cc/cpu/shm_exchange.h):
+// process, POSIX shared memory when some members are in other processes (cc/common/shm_exchange.h):
 //
 //   AllGather:     publish x, w  | barrier | TP stages, each reading one peer's shard | barrier
 //   ReduceScatter: publish x, w, running sums | TP stages, a barrier after each (the right
@@ -26,7 +26,7 @@
 #include "cc/common/device_ids.h"
 #include "cc/common/ffi_helpers.h"
 #include "cc/common/rendezvous.h"
-#include "cc/cpu/shm_exchange.h"
+#include "cc/common/shm_exchange.h"
 #include "cc/cpu/gemm_cpu.h"
 #include "cc/schedules/ring_1d.h"
 

@@ -11,6 +11,7 @@
 
 #include "cc/common/device_ids.h"
 #include "cc/common/ffi_helpers.h"
+#include "cc/common/shm_exchange.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
 
@@ -77,21 +78,29 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   if (auto err = LocateDevice(attrs, my_id, &rank, &group_index); err.failure()) return err;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  std::vector<int64_t> ids(groups.begin() + group_index * tp, groups.begin() + (group_index + 1) * tp);
   std::vector<int> ordinals(tp);
+  int local_members = 0;
   for (int r = 0; r < tp; ++r) {
-    const int64_t id = groups[group_index * tp + r];
-    int found = -1;
-    for (int o = 0; o < count; ++o) {
-      if (GlobalDeviceId(kPlatformCuda, o) == id) found = o;
-    }
-    if (found < 0) {
-      return InvalidArgument("device " + std::to_string(id) +
-                             " of the TP group is not driven by this process; one process per "
-                             "GPU needs the multi-process setup (or implementation='xla')");
-    }
-    ordinals[r] = found;
+    const int32_t o = LocalOrdinal(kPlatformCuda, ids[r]);
+    ordinals[r] = (o >= 0 && o < count) ? o : -1;
+    local_members += ordinals[r] >= 0;
   }
-  PeerGroup* group = GetPeerGroup(ordinals);
+  if (local_members < tp) {
+    // Members in other processes: mapped through CUDA IPC (peer_ipc.cc).
+    if (ShmJobToken().empty()) {
+      return InvalidArgument("the TP group of device " + std::to_string(my_id) +
+                             " spans processes: call jax_distgemm.initialize_multiprocess() "
+                             "after jax.distributed.initialize() in every process (or use "
+                             "implementation='xla')");
+    }
+    if (local_members != 1) {
+      return InvalidArgument("a TP group that spans processes must have one GPU per process "
+                             "on CUDA; this process drives " + std::to_string(local_members) +
+                             " of its devices (use implementation='xla' for this mesh)");
+    }
+  }
+  PeerGroup* group = GetPeerGroup(ids, ordinals);
   if (std::string err = group->PendingError(); !err.empty()) return Internal(err);
 
   if (cudaSetDevice(device_ordinal) != cudaSuccess) {

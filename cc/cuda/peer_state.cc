@@ -26,9 +26,13 @@ size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
 
-PeerGroup::PeerGroup(std::vector<int> ordinals)
-    : ordinals_(std::move(ordinals)), devs_(ordinals_.size()) {
-  for (size_t r = 0; r < devs_.size(); ++r) devs_[r].ordinal = ordinals_[r];
+PeerGroup::PeerGroup(std::vector<int64_t> ids, std::vector<int> ordinals)
+    : ids_(std::move(ids)), ordinals_(std::move(ordinals)), devs_(ordinals_.size()) {
+  for (size_t r = 0; r < devs_.size(); ++r) {
+    devs_[r].ordinal = ordinals_[r];
+    devs_[r].id = ids_[r];
+    if (ordinals_[r] < 0) cross_process_ = true;
+  }
 }
 
 PeerGroup::~PeerGroup() = default;  // process-lifetime: the driver reclaims at exit
@@ -48,8 +52,9 @@ std::string PeerGroup::InitDevice(int rank) {
   }
   // Peers read and write this device's workspace directly (TMA, copy engine): peer access to
   // every member.  XLA already enabled it for its own devices; "already enabled" is fine.
+  // (Members in other processes: cudaIpcOpenMemHandle enables the path, peer_ipc.cc.)
   for (int peer : ordinals_) {
-    if (peer == d.ordinal) continue;
+    if (peer == d.ordinal || peer < 0) continue;
     int can = 0;
     RETURN_IF_CUDA_ERROR(cudaDeviceCanAccessPeer(&can, d.ordinal, peer));
     if (!can) {
@@ -85,6 +90,9 @@ std::string PeerGroup::EnsureReady(int rank, size_t bytes, cudaStream_t stream, 
   const bool need_init = d.flags == nullptr;
   const bool need_grow = bytes > d.workspace_bytes;
   if (!need_init && !need_grow) return "";
+  if (cross_process_) {
+    return EnsureReadyCrossProcess(rank, bytes, need_init, need_grow, stream, timeout_ms);
+  }
   // Every device of the group sees the same condition at the same call (same problem, same
   // history), so all TP threads come here together.
   std::ostringstream key;
@@ -102,23 +110,29 @@ std::string PeerGroup::EnsureReady(int rank, size_t bytes, cudaStream_t stream, 
   // NOTE: after this barrier no device runs anything of ours: safe to free and cudaMalloc.
   if (auto e = session->Barrier(rank, 0, "workspace setup (drain)", timeout); !e.empty()) return e;
   if (need_grow) {
-    if (d.workspace != nullptr) RETURN_IF_CUDA_ERROR(cudaFree(d.workspace));
-    d.workspace = nullptr;
-    d.workspace_bytes = 0;
-    const size_t size = RoundUp(bytes, size_t{2} << 20);
-    cudaError_t e = cudaMalloc(&d.workspace, size);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      std::ostringstream m;
-      m << "could not allocate the " << size << "-byte symmetric workspace on device "
-        << d.ordinal << " (" << cudaGetErrorString(e)
-        << "); it lives outside XLA's memory pool: lower XLA_PYTHON_CLIENT_MEM_FRACTION";
-      return m.str();
-    }
-    d.workspace_bytes = size;
+    if (std::string err = AllocateWorkspace(d, bytes); !err.empty()) return err;
   }
   RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   if (auto e = session->Barrier(rank, 1, "workspace setup (publish)", timeout); !e.empty()) return e;
+  return "";
+}
+
+std::string PeerGroup::AllocateWorkspace(DeviceState& d, size_t bytes) {
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+  if (d.workspace != nullptr) RETURN_IF_CUDA_ERROR(cudaFree(d.workspace));
+  d.workspace = nullptr;
+  d.workspace_bytes = 0;
+  const size_t size = RoundUp(bytes, size_t{2} << 20);
+  cudaError_t e = cudaMalloc(&d.workspace, size);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    std::ostringstream m;
+    m << "could not allocate the " << size << "-byte symmetric workspace on device "
+      << d.ordinal << " (" << cudaGetErrorString(e)
+      << "); it lives outside XLA's memory pool: lower XLA_PYTHON_CLIENT_MEM_FRACTION";
+    return m.str();
+  }
+  d.workspace_bytes = size;
   return "";
 }
 
@@ -128,7 +142,7 @@ std::string PeerGroup::PendingError() const {
   if (r->code == 0) return "";
   std::ostringstream m;
   m << "a wait on a peer timed out on GPU: rank " << r->rank << " (device "
-    << (r->rank >= 0 && r->rank < static_cast<int>(ordinals_.size()) ? ordinals_[r->rank] : -1)
+    << (r->rank >= 0 && r->rank < static_cast<int>(ids_.size()) ? ids_[r->rank] : -1)
     << ") at stage " << r->stage << " waited for rank " << r->peer << " to deliver call epoch "
     << r->expected << " (flag still " << r->observed
     << "). Every device of the TP group must run the same sequence of distgemm calls; the "
@@ -139,7 +153,7 @@ std::string PeerGroup::PendingError() const {
 
 std::string PeerGroup::Reset() {
   for (DeviceState& d : devs_) {
-    if (d.flags == nullptr) continue;
+    if (d.ordinal < 0 || d.flags == nullptr) continue;  // other processes reset their own
     RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
     RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
@@ -156,17 +170,18 @@ std::mutex& RegistryMutex() {
   static std::mutex mu;
   return mu;
 }
-std::map<std::vector<int>, std::unique_ptr<PeerGroup>>& Groups() {
-  static auto* g = new std::map<std::vector<int>, std::unique_ptr<PeerGroup>>();
+using GroupKey = std::pair<std::vector<int64_t>, std::vector<int>>;
+std::map<GroupKey, std::unique_ptr<PeerGroup>>& Groups() {
+  static auto* g = new std::map<GroupKey, std::unique_ptr<PeerGroup>>();
   return *g;
 }
 
 }  // namespace
 
-PeerGroup* GetPeerGroup(const std::vector<int>& ordinals) {
+PeerGroup* GetPeerGroup(const std::vector<int64_t>& ids, const std::vector<int>& ordinals) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
-  auto& slot = Groups()[ordinals];
-  if (!slot) slot = std::make_unique<PeerGroup>(ordinals);
+  auto& slot = Groups()[GroupKey{ids, ordinals}];
+  if (!slot) slot = std::make_unique<PeerGroup>(ids, ordinals);
   return slot.get();
 }
 

@@ -1,8 +1,11 @@
 // Persistent per-group state of the CUDA executor: the symmetric workspace, peer flags, copy
 // streams, call epochs and the group's error record.  Host code only (CUDA runtime API).
 //
-// One process drives all GPUs of a TP group (JAX's default: one host thread per device calls
-// the handler concurrently).  Each device owns, for the lifetime of the process:
+// Usually one process drives all GPUs of a TP group (JAX's default: one host thread per device
+// calls the handler concurrently).  With one process per GPU (jax.distributed), a group's other
+// members live in other processes of the host: their workspace and flags are mapped into this
+// process through CUDA IPC (peer_ipc.cc), and from then on the executor treats them exactly like
+// local peers.  Each device owns, for the lifetime of the process:
 //
 //   workspace  cudaMalloc'd outside XLA's pool, same size on every device, grown (never shrunk)
 //              when a larger problem arrives.  Peers write into it (AllGather pushes, the
@@ -37,7 +40,8 @@ inline constexpr int kNumFlags = kMaxTp * kMaxChunks;
 inline constexpr int FlagIndex(int stage, int chunk) { return stage * kMaxChunks + chunk; }
 
 struct DeviceState {
-  int ordinal = -1;
+  int ordinal = -1;  // local CUDA ordinal; -1: a member in another process (IPC-mapped)
+  int64_t id = -1;   // global device id
   int sm_count = 0;
   cudaStream_t copy_stream = nullptr;  // AllGather pushes (copy engine)
   cudaEvent_t fork = nullptr, join = nullptr;
@@ -47,44 +51,63 @@ struct DeviceState {
   uint32_t* flags = nullptr;
   void* gemm_scratch = nullptr;
   uint32_t epoch = 0;
+  // Members in other processes: what this process mapped of theirs (cudaIpcOpenMemHandle),
+  // and which allocation of the owner that was (its generation), to re-map after it grew.
+  int64_t ipc_generation = -1;
 };
 
 class PeerGroup {
  public:
-  explicit PeerGroup(std::vector<int> ordinals);
+  // ids: the members' global device ids in rank order; ordinals: their local CUDA ordinals,
+  // -1 for members driven by another process (then exactly one member is local).
+  PeerGroup(std::vector<int64_t> ids, std::vector<int> ordinals);
   ~PeerGroup();
 
   int tp() const { return static_cast<int>(devs_.size()); }
   DeviceState& dev(int rank) { return devs_[rank]; }
   const std::vector<int>& ordinals() const { return ordinals_; }
+  bool cross_process() const { return cross_process_; }
   ErrorRecord* error() const { return error_; }
 
   // Makes sure every device of the group holds a workspace of at least `bytes`, the flags,
   // copy stream and loaded kernels.  Called by each device's handler thread with its `rank`;
   // when anything must be (re)allocated, the TP threads meet (keyed by run_id): each drains
   // its own streams, then allocates, so no kernel of ours is spinning during cudaMalloc.
+  // Across processes (cross_process()), the members meet in POSIX shared memory instead
+  // (peer_ipc.cc), with at least kCrossProcessSetupTimeoutMs per step: processes reach their
+  // first call seconds apart.
   std::string EnsureReady(int rank, size_t bytes, cudaStream_t stream, int64_t run_id,
                           int64_t timeout_ms);
 
   // Host view of a sticky error left by a timed-out wait ("" if none).
   std::string PendingError() const;
-  // Drains all devices, zeroes flags and epochs, clears the error.  No call may be in flight.
+  // Drains this process's devices, zeroes their flags and epochs, clears the error.  No call
+  // may be in flight (across processes: every process must reset, with no call in flight).
   std::string Reset();
 
   static constexpr size_t kGemmScratchBytes = 4u << 20;
+  static constexpr int64_t kCrossProcessSetupTimeoutMs = 60000;
 
  private:
   std::string InitDevice(int rank);
+  // (Re)allocates this device's workspace to hold `bytes` (rounded up); all of the group's
+  // kernels and copies must be drained.
+  std::string AllocateWorkspace(DeviceState& d, size_t bytes);
+  std::string EnsureReadyCrossProcess(int rank, size_t bytes, bool need_init, bool need_grow,
+                                      cudaStream_t stream, int64_t timeout_ms);  // peer_ipc.cc
 
+  std::vector<int64_t> ids_;
   std::vector<int> ordinals_;
+  bool cross_process_ = false;
   std::vector<DeviceState> devs_;
-  ErrorRecord* error_ = nullptr;  // mapped pinned memory, shared by the group's devices
+  ErrorRecord* error_ = nullptr;  // mapped pinned memory, shared by this process's members
   std::mutex mu_;
-  int64_t generation_ = 0;  // workspace reallocations so far (rendezvous key)
+  int64_t setup_meetings_ = 0;  // cross-process setup meetings so far (same in every process)
 };
 
-// The process-wide group for these ordinals (in rank order), created on first use.
-PeerGroup* GetPeerGroup(const std::vector<int>& ordinals);
+// The process-wide group for these members (global ids and local ordinals, -1 for members in
+// other processes, in rank order), created on first use.
+PeerGroup* GetPeerGroup(const std::vector<int64_t>& ids, const std::vector<int>& ordinals);
 // Every group created so far (for reset()).
 std::vector<PeerGroup*> AllPeerGroups();
 

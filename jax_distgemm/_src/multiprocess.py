@@ -4,9 +4,12 @@
     jax_distgemm.initialize_multiprocess()
 
 Afterwards implementation="ffi" accepts TP groups whose devices live in several processes of
-one host on CPU: the CPU executor meets them through POSIX shared memory (cc/cpu/shm_exchange.h,
-docs/design.md "Multi-process (CPU)").  What this call settles, through JAX's distributed
-key-value store:
+one host.  On CPU the executor meets them through POSIX shared memory
+(cc/common/shm_exchange.h, docs/design.md "Multi-process").  On CUDA (one GPU per process in
+such a group) each member's symmetric workspace and flags are exported as CUDA IPC memory
+handles, which travel through a shared-memory meeting of the group at its first call (and when
+the workspace grows); peers open them once (cc/cuda/peer_ipc.cc).  What this call settles,
+through JAX's distributed key-value store:
 
 * the job token that names every shared-memory segment: a hash of the coordinator address and a
   nonce drawn by process 0, so a job never meets the segments of another job or of a crashed
@@ -17,8 +20,7 @@ key-value store:
   tell local from remote members.
 
 It also removes segments that crashed processes of earlier jobs left in /dev/shm, and makes
-sure this process unlinks its own at exit.  The CUDA executor has no multi-process path yet
-(CUDA IPC); cross-process TP groups on GPUs need implementation="xla".
+sure this process unlinks its own at exit.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def _distributed_client():
 
 
 def initialize_multiprocess(timeout_s: float = 60.0) -> None:
-  """Prepares implementation="ffi" for TP groups that span processes (CPU, one host).
+  """Prepares implementation="ffi" for TP groups that span processes of one host.
 
   Call it in every process after `jax.distributed.initialize()` and before the first
   distgemm call is lowered; all processes must call it (it waits for the others, at most
@@ -105,14 +107,17 @@ def initialize_multiprocess(timeout_s: float = 60.0) -> None:
         f"initialize_multiprocess()?): {e}") from e
   token = hashlib.sha256(f"{coordinator}|{nonce}".encode()).hexdigest()[:16]
 
-  module = ffi_modules.module_for("cpu")
-  module.sweep_stale_shm_segments()  # before the token is set: never this job's segments
-  module.set_job_token(token)
+  ffi_modules.module_for("cpu").sweep_stale_shm_segments()  # before any token: not this job's
   from jax_distgemm._src import primitives  # pylint: disable=g-import-not-at-top
-  try:
-    primitives.register_device_ids("cpu")
-  except RuntimeError:  # no CPU backend (JAX_PLATFORMS without cpu): nothing to register
-    pass
+  for platform in ("cpu", "cuda"):
+    module = ffi_modules.module_for(platform)
+    if module is None:
+      continue
+    module.set_job_token(token)  # each extension module keeps its own shared-memory state
+    try:
+      primitives.register_device_ids(platform)
+    except RuntimeError:  # no such backend (JAX_PLATFORMS): nothing to register
+      pass
   if not _atexit_registered:
     atexit.register(release)
     _atexit_registered = True
@@ -133,7 +138,12 @@ def state() -> State | None:
 
 def release() -> list[str]:
   """Unlinks the shared-memory segments this process created (run at exit); their names."""
-  return list(ffi_modules.module_for("cpu").release_shm_segments())
+  names = []
+  for platform in ("cpu", "cuda"):
+    module = ffi_modules.module_for(platform)
+    if module is not None:
+      names += list(module.release_shm_segments())
+  return names
 
 
 def shm_segment_prefix(token: str | None = None) -> str:

@@ -127,13 +127,15 @@ def check_groups_local(groups, local_device_ids, *, platform: str = "cpu", proce
   """Every TP group that holds a device of this process must be one its FFI executor can meet.
 
   Within one process the executors meet the peers of a group through a host rendezvous between
-  XLA's per-device threads.  A group spanning processes is accepted only on CPU, after
+  XLA's per-device threads.  A group spanning processes is accepted only after
   jax_distgemm.initialize_multiprocess() (`multiprocess`: its state, with same_host(process
   index)), and only when all its processes share this host (`process_of`: device id -> process
-  index): the CPU executor meets them through POSIX shared memory.  Anything else could never
-  meet and would only fail at the timeout, so it is refused here.
+  index): the CPU executor meets them through POSIX shared memory, the CUDA executor maps their
+  workspaces through CUDA IPC, which also needs one device per process in the group.  Anything
+  else could never meet and would only fail at the timeout, so it is refused here.
   groups: [num_groups, tp] global device ids.
   """
+  cuda = platform.lower() in ("cuda", "gpu")
   local = set(int(d) for d in local_device_ids)
   for row in np.asarray(groups):
     ids = [int(d) for d in row]
@@ -143,11 +145,7 @@ def check_groups_local(groups, local_device_ids, *, platform: str = "cpu", proce
     missing = [d for d in ids if d not in local]
     head = (f"axis_name: the TP group {ids} spans processes (devices {missing} are not "
             "addressable by this process)")
-    if platform.lower() in ("cuda", "gpu"):
-      raise ValueError(
-          f"{head}; implementation='ffi' across processes is not implemented on CUDA yet (it "
-          "needs workspaces shared through CUDA IPC); use implementation='xla' across processes")
-    if platform.lower() != "cpu":
+    if not cuda and platform.lower() != "cpu":
       raise ValueError(
           f"{head}; implementation='ffi' has no executor across processes on {platform!r}; use "
           "implementation='xla'")
@@ -160,7 +158,13 @@ def check_groups_local(groups, local_device_ids, *, platform: str = "cpu", proce
       remote_hosts = [d for d in missing
                       if d in process_of and not multiprocess.same_host(process_of[d])]
       if remote_hosts:
+        how = ("maps peers' workspaces through CUDA IPC over NVLink" if cuda else
+               "meets peers through POSIX shared memory")
         raise ValueError(
-            f"{head}; devices {remote_hosts} are on another host, which the CPU executor "
-            "cannot reach (it meets peers through POSIX shared memory, one host only); use "
+            f"{head}; devices {remote_hosts} are on another host, which the "
+            f"{'CUDA' if cuda else 'CPU'} executor cannot reach (it {how}, one host only); use "
             "implementation='xla' across hosts")
+    if cuda and len(here) != 1:
+      raise ValueError(
+          f"{head}; on CUDA a TP group that spans processes must have one GPU per process (this "
+          f"process holds {here}); use implementation='xla' for this mesh")

@@ -1,4 +1,4 @@
-#include "cc/cpu/shm_exchange.h"
+#include "cc/common/shm_exchange.h"
 
 #include <dirent.h>
 #include <fcntl.h>
