@@ -67,26 +67,18 @@ int SlotsPerParity(const Problem& p) {
 int RsSendSlot(int i) { return i; }
 int RsRecvSlot(const Problem& p, int i) { return p.tp - 1 + (i - 1); }
 
+// NOTE: parity p's slots start at p * (half the allocated workspace), not at an offset that
+// depends on this call's slot size: with shape-dependent offsets, call e (parity 0) of a larger
+// shape could overlap call e-1's parity-1 slots, which a slow peer may still read.  Every member
+// holds the same workspace size (same history), so both sides agree on the halves.
 uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
-  return d.workspace +
-         (static_cast<size_t>(epoch & 1u) * SlotsPerParity(p) + index) * SlotBytes(p);
+  const size_t half = (d.workspace_bytes / 2) / kSlotAlign * kSlotAlign;
+  return d.workspace + static_cast<size_t>(epoch & 1u) * half +
+         static_cast<size_t>(index) * SlotBytes(p);
 }
 
 const uint8_t* At(const void* base, int64_t elem_offset, ElemType t) {
   return static_cast<const uint8_t*>(base) + elem_offset * ElemSize(t);
-}
-
-// Chunks the rotating shard travels in (JAX_DISTGEMM_AG_CHUNKS; default 1).  Measured on 2x
-// H200 (docs/performance.md, 2026-11-30): splitting stage i into per-chunk GEMMs cost more than
-// the earlier start gained on the suite shapes, so chunking is opt-in.
-int AgChunks(const Problem& p, const CallOptions& o) {
-  const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-  // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
-  if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched) || o.ag_chunks <= 1) return 1;
-  const int64_t extent = rot_a ? p.xm : p.wn;
-  const int want = std::min(o.ag_chunks, kMaxChunks);
-  // Keep chunks whole tiles (256 rows or columns) so the split costs no partial tiles.
-  return static_cast<int>(std::clamp<int64_t>(extent / 256, 1, want));
 }
 
 // [begin, end) of chunk c of `extent` split in `chunks`, aligned to 128.
@@ -107,6 +99,20 @@ int NonEmptyChunks(int64_t extent, int want) {
     --n;
   }
   return n;
+}
+
+// Chunks the rotating shard travels in (JAX_DISTGEMM_AG_CHUNKS; default 1).  Measured on 2x
+// H200 (docs/performance.md, 2026-11-30): splitting stage i into per-chunk GEMMs cost more than
+// the earlier start gained on the suite shapes, so chunking is opt-in.
+int AgChunks(const Problem& p, const CallOptions& o) {
+  const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
+  // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
+  if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched) || o.ag_chunks <= 1) return 1;
+  const int64_t extent = rot_a ? p.xm : p.wn;
+  const int want = std::min(o.ag_chunks, kMaxChunks);
+  // Keep chunks whole tiles (256 rows or columns) so the split costs no partial tiles, and
+  // none empty (ChunkRange rounds chunk sizes up to 128).
+  return NonEmptyChunks(extent, static_cast<int>(std::clamp<int64_t>(extent / 256, 1, want)));
 }
 
 // kCopyRing: row chunks per stage (rows of the partial, i.e. of A and of D).  Whole multiples of
