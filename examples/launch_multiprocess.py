@@ -11,14 +11,24 @@ The launcher prefixes each worker's output with [p<i>], kills the others when on
 time runs out, checks that the job left no shared-memory segment in /dev/shm (and removes any
 it finds), and prints "Disposition: Passed" or "Disposition: Failed" (exit code 1).
 
+--timing-only skips the checks: operands are drawn on the devices (jax.random, no host copy of
+the seed shape's 3.5 GB weight), and each check is timed as the benchmark does: after warm-up,
+the median over --timing-repeats of --timing-iterations back-to-back calls and one block
+(JDG_TIME lines; --json writes them with the run's settings).
+
   python examples/launch_multiprocess.py                         # 2 processes x 1 CPU device
   python examples/launch_multiprocess.py -n 2 --devices-per-process 2       # TP=4 over both
   python examples/launch_multiprocess.py -n 2 --devices-per-process 2 --tp 2   # 2 TP groups,
                                                                  # each spanning both processes
   python examples/launch_multiprocess.py --platform gpu -n 2     # one GPU per process
+  python examples/launch_multiprocess.py --platform gpu -n 2 --timing-only \
+      --m 16384 --k 16384 --n 106496 --checks AllGather1D_TilingCD_RotatingA   # seed shape
+  python examples/launch_multiprocess.py --platform gpu -n 1 --devices-per-process 2 \
+      --timing-only ...                                          # the same in one process
 
 Platforms: cpu (JAX_PLATFORMS=cpu, --devices-per-process fake CPU devices per process) or gpu
-(JAX_PLATFORMS=cuda, one GPU per process via CUDA_VISIBLE_DEVICES=<process id>).  The mesh is
+(JAX_PLATFORMS=cuda, process i sees GPUs i*D .. i*D+D-1 via CUDA_VISIBLE_DEVICES, D =
+--devices-per-process; a TP group spanning processes needs D = 1 on CUDA).  The mesh is
 (dp, tp) over the devices ordered (local index, process), so consecutive TP ranks sit in
 different processes; a leading batch dim of size dp is sharded over dp.
 
@@ -64,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (default 2)")
   p.add_argument("--devices-per-process", type=int, default=1,
-                 help="CPU devices per process (default 1; GPUs: always 1)")
+                 help="devices per process (default 1)")
   p.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
   p.add_argument("--tp", type=int, default=None,
                  help="TP group size (default: all devices of all processes)")
@@ -78,6 +88,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="calls per check, each blocked on and checked (default 3)")
   p.add_argument("--timing-iterations", type=int, default=0,
                  help="also time this many back-to-back calls per check (default 0: no timing)")
+  p.add_argument("--timing-repeats", type=int, default=5,
+                 help="timed repeats per check; the median is reported (default 5)")
+  p.add_argument("--timing-only", action="store_true",
+                 help="no correctness checks: random operands on the devices, timing only")
+  p.add_argument("--json", default=None, help="launcher: write the JDG_TIME records here")
   p.add_argument("--checks", default=",".join(CHECKS),
                  help="comma-separated subset of: " + ", ".join(CHECKS))
   p.add_argument("--call-timeout-ms", type=int, default=None,
@@ -97,8 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.num_processes < 1 or args.devices_per_process < 1:
     p.error("--num-processes and --devices-per-process must be >= 1")
-  if args.platform == "gpu" and args.devices_per_process != 1:
-    p.error("--platform gpu runs one GPU per process (--devices-per-process 1)")
+  if args.timing_only and not args.timing_iterations:
+    args.timing_iterations = 10
   total = args.num_processes * args.devices_per_process
   args.tp = args.tp or total
   if args.tp < 1 or total % args.tp:
@@ -246,6 +261,37 @@ def worker(args) -> int:
     return (num_r / den) ** 0.5, (num_n / den) ** 0.5
 
   ok = True
+  def build_random(check, implementation):
+    """(jitted fn, global operands drawn on the devices) of a single-schedule check."""
+    m, n, k = args.m, args.n, args.k
+    if check.endswith("@x4"):
+      check, m, n, k = check[:-len("@x4")], 4 * m, 4 * n, 4 * k
+    if check == MLP:
+      raise SystemExit("--timing-only times the four schedules, not the MLP check")
+    x_spec, w_spec, out_spec = specs(check)
+    key = jax.random.key(args.seed + CHECKS.index(check))
+    kx, kw = jax.random.split(key)
+    draw = lambda key, shape, spec, scale: jax.jit(
+        lambda: (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype),
+        out_shardings=NamedSharding(mesh, spec))()
+    x = draw(kx, (dp, m, k), x_spec, 1.0)
+    w = draw(kw, (k, n), w_spec, 1 / np.sqrt(k))
+
+    def body(x, w):
+      return jd.distributed_matmul(x, w, axis_name="tp", schedule=check,
+                                   implementation=implementation, timeout_ms=timeout_ms)
+
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec))
+    return fn, (x, w)
+
+  if args.timing_only:
+    for check in args.checks:
+      fn, arrays = build_random(check, args.implementation)
+      emit("JDG_TIME", process=me, check=check, **time_calls(args, fn, arrays),
+           hlo_fused_calls=fn.lower(*arrays).compile().as_text().count(
+               'custom_call_target="jax_distgemm_v1"'))
+    args.checks = []
+
   for check in args.checks:
     fn, arrays, ref64 = build(check, args.implementation)
     ref_fn, _, _ = build(check, "reference")
@@ -265,12 +311,7 @@ def worker(args) -> int:
     if args.fault and check == args.checks[0]:
       ok &= run_fault(args, me, fn, arrays, ref_out, ref64, local_errors, tol)
     if args.timing_iterations:
-      start = time.perf_counter()
-      for _ in range(args.timing_iterations):
-        out = fn(*arrays)
-        jax.block_until_ready(out)
-      ms = (time.perf_counter() - start) / args.timing_iterations * 1e3
-      emit("JDG_TIME", process=me, check=check, avg_ms=ms, iterations=args.timing_iterations)
+      emit("JDG_TIME", process=me, check=check, **time_calls(args, fn, arrays))
 
   # Nobody leaves (or tears down the coordinator) before everyone is done.
   from jax._src import distributed  # noqa: PLC0415
@@ -278,7 +319,8 @@ def worker(args) -> int:
   client.key_value_set(f"jdg_launch/pid/{me}", str(os.getpid()))
   client.wait_at_barrier("jdg_launch_done", int(args.timeout * 1000))
   sizes = {}
-  for name in jd.ffi._distgemm_cpu.shm_segments():
+  modules = [jd.ffi._distgemm_cpu] + ([jd.ffi._distgemm_cuda] if jd.ffi._distgemm_cuda else [])
+  for name in [n for module in modules for n in module.shm_segments()]:
     try:
       sizes[name] = os.stat("/dev/shm" + name).st_size
     except OSError:
@@ -297,6 +339,24 @@ def worker(args) -> int:
     sys.stdout.flush()
     os._exit(0 if ok else 1)
   return 0 if ok else 1
+
+
+def time_calls(args, fn, arrays) -> dict:
+  """Median ms per call over repeats of back-to-back calls and one block (after warm-up)."""
+  import jax  # noqa: PLC0415
+  for _ in range(3):
+    jax.block_until_ready(fn(*arrays))
+  per_call = []
+  for _ in range(max(1, args.timing_repeats)):
+    start = time.perf_counter()
+    out = None
+    for _ in range(args.timing_iterations):
+      out = fn(*arrays)
+    jax.block_until_ready(out)
+    per_call.append((time.perf_counter() - start) / args.timing_iterations * 1e3)
+  return {"median_ms": sorted(per_call)[len(per_call) // 2], "repeats_ms": per_call,
+          "iterations": args.timing_iterations, "m": args.m, "n": args.n, "k": args.k,
+          "dtype": args.dtype, "implementation": args.implementation}
 
 
 def alive(pid: int) -> bool:
@@ -354,6 +414,7 @@ def child_args(args, process_id: int, coordinator: str) -> list[str]:
          f"--tp={args.tp}", f"--m={args.m}", f"--n={args.n}", f"--k={args.k}",
          f"--dtype={args.dtype}", f"--implementation={args.implementation}",
          f"--iterations={args.iterations}", f"--timing-iterations={args.timing_iterations}",
+         f"--timing-repeats={args.timing_repeats}",
          f"--checks={','.join(args.checks)}", f"--timeout={args.timeout}", f"--seed={args.seed}"]
   if args.call_timeout_ms:
     out.append(f"--call-timeout-ms={args.call_timeout_ms}")
@@ -363,6 +424,8 @@ def child_args(args, process_id: int, coordinator: str) -> list[str]:
     out.append("--no-exit-cleanup")
   if args.skip_initialize:
     out.append("--skip-initialize")
+  if args.timing_only:
+    out.append("--timing-only")
   return out
 
 
@@ -406,7 +469,8 @@ def launch(args) -> int:
         cenv["JAX_PLATFORMS"] = "cpu"
       else:
         cenv["JAX_PLATFORMS"] = "cuda"
-        cenv["CUDA_VISIBLE_DEVICES"] = str(i)
+        per = args.devices_per_process
+        cenv["CUDA_VISIBLE_DEVICES"] = ",".join(str(i * per + j) for j in range(per))
       p = subprocess.Popen(child_args(args, i, coordinator), env=cenv, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
       procs.append(p)
@@ -448,8 +512,9 @@ def launch(args) -> int:
   all_lines = [line for lines in outputs for line in lines]
   results = records(all_lines, "JDG_RESULT")
   ok = failure is None
-  print(f"\n{'check':38s} {'max rel err vs reference':>25s} {'vs float64':>12s}  processes")
-  for check in args.checks:
+  if not args.timing_only:
+    print(f"\n{'check':38s} {'max rel err vs reference':>25s} {'vs float64':>12s}  processes")
+  for check in ([] if args.timing_only else args.checks):
     rs = [r for r in results if r["check"] == check]
     seen = sorted({r["process"] for r in rs})
     complete = seen == list(range(args.num_processes)) and len(rs) == (
@@ -461,8 +526,21 @@ def launch(args) -> int:
             f"{max(r['rel_err_np'] for r in rs):12.3e}  {seen} {'ok' if check_ok else 'FAILED'}")
     else:
       print(f"{check:38s} {'(no result)':>25s}")
-  for t in records(all_lines, "JDG_TIME"):
-    print(f"time: process {t['process']} {t['check']}: {t['avg_ms']:.3f} ms/call")
+  times = records(all_lines, "JDG_TIME")
+  for t in times:
+    print(f"time: process {t['process']} {t['check']}: {t['median_ms']:.3f} ms/call (median of "
+          f"{len(t['repeats_ms'])} x {t['iterations']} calls)")
+  if args.timing_only:
+    for check in args.checks:
+      seen = sorted({t["process"] for t in times if t["check"] == check})
+      if seen != list(range(args.num_processes)):
+        print(f"FAILED: {check}: no time from processes {sorted(set(range(args.num_processes)) - set(seen))}")
+        ok = False
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"num_processes": args.num_processes, "devices_per_process":
+                 args.devices_per_process, "tp": args.tp, "platform": args.platform,
+                 "times": times, "ok": ok}, f, indent=1)
   for f in records(all_lines, "JDG_FAULT"):
     print(f"fault: process {f['process']}: error={'yes' if f['error'] else 'no'} after "
           f"{f['elapsed_s']:.2f} s, next call {'correct' if f['recovered'] else 'WRONG'}")

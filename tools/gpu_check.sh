@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (nvidia-h200-x2): install the package, run the GPU tests twice
-# (the verdict must repeat), then the benchmark suite.  Logs and JSON land in $OUT (or ./gpu_out).
+# (the verdict must repeat), the multi-process check (one process per GPU), then the benchmark
+# suite.  Logs and JSON land in $OUT (or ./gpu_out).
 #
-#   tools/gpu_check.sh [--tests-only | --bench-only] [bench args...]   (default bench: --suite)
+#   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only] [bench args...]
+#                                                          (default bench: --suite --local-gemm)
 #
-# Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / BENCH_TIMEOUT (seconds), GPU_TEST_ARGS (more
-# test files/filters; default: the Flax layer tests through CUDA, "tests/nnx_test.py -k Cuda").
+# Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
+# GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
+# "tests/nnx_test.py -k Cuda"), SKIP_MP=1 (no multi-process section in the default mode),
+# MP_TIMING=0 (multi-process correctness only, no seed-shape timing).
 # Installs, in order of preference: a cp312 wheel carried in .carry/ (pip wheel . on the dev
 # machine), prebuilt modules in .carry/modules/ (_distgemm_*.so from a CMake build there), else
 # builds from source here (needs CUTLASS headers: pip's nvidia-cutlass or .carry/cutlass_include).
@@ -63,7 +67,7 @@ $PY -c "import jax_distgemm, jax_distgemm.ffi as f; print('jax_distgemm from', j
 
 status=0
 # -- GPU tests, twice ------------------------------------------------------------------------------
-if [[ "$MODE" != --bench-only ]]; then
+if [[ "$MODE" == all || "$MODE" == --tests-only ]]; then
   for run in $(seq 1 "${GPU_TEST_RUNS:-2}"); do
     set +e
     JAX_DISTGEMM_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest -q -rs tests/cuda_test.py ${GPU_TEST_ARGS-tests/nnx_test.py -k Cuda} \
@@ -76,8 +80,45 @@ if [[ "$MODE" != --bench-only ]]; then
   done
 fi
 
+# -- Multi-process: one process per GPU (CUDA IPC) ------------------------------------------------
+if [[ "$MODE" == --mp-only || ( "$MODE" == all && "${SKIP_MP:-0}" != 1 ) ]]; then
+  set +e
+  # All four schedules, the MLP block and the grown workspace, checked against the reference.
+  $PY examples/launch_multiprocess.py --platform gpu -n 2 --timeout "${MP_TIMEOUT:-240}" \
+    > "$OUT/mp_check.log" 2>&1
+  rc=$?
+  log "multi-process check (2 processes x 1 GPU): exit $rc; $(grep -E '^Disposition' "$OUT/mp_check.log")"
+  [[ $rc -ne 0 ]] && status=1
+  if [[ "${MP_TIMING:-1}" != 0 ]]; then
+    # The seed shape, every schedule: 2 processes x 1 GPU vs 1 process x 2 GPUs, same timing code.
+    SEED=(--timing-only --m 16384 --k 16384 --n 106496 --timing-iterations 10 --timing-repeats 5
+          --checks AllGather1D_TilingCD_RotatingA,AllGather1D_TilingCD_RotatingB,ReduceScatter1D_TilingA_RotatingC,ReduceScatter1D_TilingB_RotatingC
+          --timeout "${MP_TIMEOUT:-240}")
+    $PY examples/launch_multiprocess.py --platform gpu -n 2 "${SEED[@]}" --json "$OUT/mp_seed_2proc.json" \
+      > "$OUT/mp_seed_2proc.log" 2>&1
+    rc1=$?
+    $PY examples/launch_multiprocess.py --platform gpu -n 1 --devices-per-process 2 "${SEED[@]}" \
+      --json "$OUT/mp_seed_1proc.json" > "$OUT/mp_seed_1proc.log" 2>&1
+    rc2=$?
+    log "seed-shape timing: 2 processes exit $rc1, 1 process exit $rc2"
+    $PY - "$OUT/mp_seed_1proc.json" "$OUT/mp_seed_2proc.json" <<'PYEOF' 2>&1 | tee -a "$OUT/summary.txt"
+import json, sys
+one, two = (json.load(open(p)) for p in sys.argv[1:3])
+slowest = lambda d, c: max(t["median_ms"] for t in d["times"] if t["check"] == c)
+worst = 0.0
+for c in sorted({t["check"] for t in one["times"]}):
+  a, b = slowest(one, c), slowest(two, c)
+  worst = max(worst, b / a)
+  print(f"  seed shape {c}: 1 process {a:.3f} ms, 2 processes {b:.3f} ms, ratio {b / a:.3f}")
+print(f"  worst 2-process / 1-process ratio {worst:.3f} ({'within' if worst <= 1.03 else 'NOT within'} 3%)")
+PYEOF
+    [[ $rc1 -ne 0 || $rc2 -ne 0 ]] && status=1
+  fi
+  set -e
+fi
+
 # -- Benchmark -----------------------------------------------------------------------------------
-if [[ "$MODE" != --tests-only ]]; then
+if [[ "$MODE" == all || "$MODE" == --bench-only ]]; then
   set +e
   [[ $# -eq 0 ]] && set -- --suite --local-gemm
   timeout "${BENCH_TIMEOUT:-500}" $PY -m jax_distgemm.bench --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" \
