@@ -16,8 +16,13 @@ using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, 
 struct Choice {
   GemmConfig config;
   int swizzle;
+  int raster;  // GemmLaunch::raster: 1 along M, 2 along N
   float ms;
 };
+
+const char* RasterName(int raster) {
+  return raster == 1 ? "along M" : raster == 2 ? "along N" : "heuristic";
+}
 
 std::mutex& Mu() {
   static std::mutex mu;
@@ -84,11 +89,13 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   if (forced >= 0) {
     g.config = static_cast<GemmConfig>(forced);
     g.max_swizzle = 1;
+    g.raster = 0;
     return "";
   }
   if (!AutotuneEnabled() || n == 1) {
     g.config = configs[0];
     g.max_swizzle = 1;
+    g.raster = 0;
     return "";
   }
   const Key key = MakeKey(g);
@@ -98,29 +105,38 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
     if (it != Cache().end()) {
       g.config = it->second.config;
       g.max_swizzle = it->second.swizzle;
+      g.raster = it->second.raster;
       return "";
     }
   }
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  Choice best{configs[0], 1, -1.f};
+  Choice best{configs[0], 1, 0, -1.f};
+  // Both rasterizations explicitly (CUTLASS's heuristic just picks one of them by the tile
+  // grid's aspect ratio, which is not always the faster one for L2 reuse).
   for (int i = 0; i < n; ++i) {
-    for (int swizzle : {1, 2, 4, 8}) {
-      GemmLaunch trial = g;
-      trial.config = configs[i];
-      trial.max_swizzle = swizzle;
-      const float ms = TimeVariant(trial, stream, start, stop);
-      if (ms > 0.f && (best.ms < 0.f || ms < best.ms)) best = Choice{configs[i], swizzle, ms};
-      if (LogTuning()) {
-        std::fprintf(stderr,
-                     "jax_distgemm tune: device %d m=%lld n=%lld k=%lld l=%lld %s->%s%s: %s "
-                     "swizzle %d: %.4f ms (%.1f TFLOP/s)\n",
-                     g.device, static_cast<long long>(g.ops.m), static_cast<long long>(g.ops.n),
-                     static_cast<long long>(g.ops.k), static_cast<long long>(g.ops.batch),
-                     ElemName(g.ab_type), ElemName(g.d_type), g.ops.c ? " +C" : "",
-                     GemmConfigName(configs[i]), swizzle, ms,
-                     ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / ms : 0.0);
+    for (int raster : {1, 2}) {
+      for (int swizzle : {1, 2, 4, 8}) {
+        GemmLaunch trial = g;
+        trial.config = configs[i];
+        trial.max_swizzle = swizzle;
+        trial.raster = raster;
+        const float ms = TimeVariant(trial, stream, start, stop);
+        if (ms > 0.f && (best.ms < 0.f || ms < best.ms)) {
+          best = Choice{configs[i], swizzle, raster, ms};
+        }
+        if (LogTuning()) {
+          std::fprintf(stderr,
+                       "jax_distgemm tune: device %d m=%lld n=%lld k=%lld l=%lld %s->%s%s: %s "
+                       "raster %s swizzle %d: %.4f ms (%.1f TFLOP/s)\n",
+                       g.device, static_cast<long long>(g.ops.m),
+                       static_cast<long long>(g.ops.n), static_cast<long long>(g.ops.k),
+                       static_cast<long long>(g.ops.batch), ElemName(g.ab_type),
+                       ElemName(g.d_type), g.ops.c ? " +C" : "", GemmConfigName(configs[i]),
+                       RasterName(raster), swizzle, ms,
+                       ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / ms : 0.0);
+        }
       }
     }
   }
@@ -134,6 +150,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   }
   g.config = best.config;
   g.max_swizzle = best.swizzle;
+  g.raster = best.raster;
   return "";
 }
 
@@ -145,7 +162,8 @@ std::string DescribeTuning() {
       << "->" << ElemName(static_cast<ElemType>(std::get<2>(k)))
       << (std::get<3>(k) ? " +C" : "") << " m=" << std::get<4>(k) << " n=" << std::get<5>(k)
       << " k=" << std::get<6>(k) << " l=" << std::get<7>(k) << ": " << GemmConfigName(c.config)
-      << " swizzle " << c.swizzle << " (" << c.ms << " ms)\n";
+      << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
+      << " ms)\n";
   }
   return s.str();
 }

@@ -24,8 +24,11 @@ enum class GemmConfig : int32_t {
   kCoop256x128_C1x2 = 1,  // Cooperative, 256x128 tile
   kPingpong128x128_C1x2 = 2,
   kPingpong128x128_C2x1 = 3,
+  kCoop256x128_C2x1 = 4,  // Cooperative, 256x128 tile, B multicast (cuBLAS's 256x128 2x1)
+  kCoop128x256_C1x2 = 5,  // Cooperative, 128x256 tile, A multicast
+  kCoop128x256_C1x1 = 6,  // Cooperative, 128x256 tile, no cluster
 };
-inline constexpr int kNumGemmConfigs = 4;
+inline constexpr int kNumGemmConfigs = 7;
 const char* GemmConfigName(GemmConfig c);
 
 struct GemmOperands {
@@ -50,6 +53,10 @@ struct GemmLaunch {
   int device = 0;
   int sm_count = 0;
   int max_swizzle = 1;
+  // Persistent tile scheduler rasterization: 0 = CUTLASS heuristic (along the shorter of the
+  // tile grid's M and N), 1 = along M (consecutive tiles walk down M, sharing a B column
+  // panel), 2 = along N (sharing an A row panel).
+  int raster = 0;
   bool pdl = true;  // programmatic dependent launch: overlap with the previous kernel's tail
   void* workspace = nullptr;  // CUTLASS kernel workspace (GemmWorkspaceBytes)
 };

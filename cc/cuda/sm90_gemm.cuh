@@ -68,6 +68,40 @@ struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> {
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 };
 
+// The three below were added to close the gap to cuBLAS (XLA's dot) on the per-stage shapes.
+// cuBLAS's usual large-bf16 kernel on Hopper is a 256x128x64 cooperative tile with a 2-CTA
+// cluster, 4 stages.  cuBLAS is column-major, so for our row-major D = A B it computes
+// D^T = B^T A^T and its M is our N: its "256x128 cluster 2x1" is our 128x256 cluster 1x2; we
+// compile both readings (kCoop128x256_C1x2 and kCoop256x128_C2x1), completing the four
+// {128x256, 256x128} x {cluster along M, along N} combinations.  kCoop128x256_C1x1 drops the
+// cluster: no multicast, so a CTA's pipeline never waits for its partner's slot to free (the
+// multicast pair runs in lock-step), which can win on shapes that are L2-bound less than they
+// are latency-bound (small M, long K).  Not added: Pingpong 128x256 (one consumer warpgroup
+// would hold the whole 128x256 fp32 accumulator, 256 registers/thread, over the 232-240
+// that a consumer warpgroup gets); 2x2 clusters (cluster-4 occupancy can leave SMs idle on a 132-SM
+// part); stream-K (its workspace exceeds PeerGroup::kGemmScratchBytes on large shapes).
+template <>
+struct ConfigTraits<GemmConfig::kCoop256x128_C2x1> {
+  using TileShape = Shape<_256, _128, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+template <>
+struct ConfigTraits<GemmConfig::kCoop128x256_C1x2> {
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_1, _2, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+template <>
+struct ConfigTraits<GemmConfig::kCoop128x256_C1x1> {
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+
 template <GemmConfig kConfig, class ElementAB, class ElementD, bool kHasC>
 struct Sm90Gemm {
   using Traits = ConfigTraits<kConfig>;
@@ -189,6 +223,10 @@ struct StageGemm {
     args.epilogue.dD = stride_d;
     args.hw_info = hw;
     args.scheduler.max_swizzle_size = g.max_swizzle;
+    using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.raster_order = g.raster == 1   ? RasterOrderOptions::AlongM
+                                  : g.raster == 2 ? RasterOrderOptions::AlongN
+                                                  : RasterOrderOptions::Heuristic;
     return args;
   }
 
