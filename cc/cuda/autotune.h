@@ -1,8 +1,9 @@
 // Per-shape choice of the stage GEMM kernel configuration.
 //
 // The first time a stage shape (types, M, N, K, batch, source) is seen on a device, every
-// compiled config x swizzle is timed on the real operands (events on the caller's stream, best
-// of a few runs) and the fastest is cached for the process.  JAX_DISTGEMM_AUTOTUNE=0 disables
+// compiled config is timed on the real operands (events on the caller's stream, best of two
+// runs), then the two fastest again with each raster order x swizzle; the fastest variant is
+// cached for the process.  JAX_DISTGEMM_AUTOTUNE=0 disables
 // tuning (a fixed default is used); JAX_DISTGEMM_GEMM_CONFIG=<n> forces config n.
 #pragma once
 
@@ -14,7 +15,7 @@
 
 namespace jax_distgemm::cuda {
 
-// Sets g.config and g.max_swizzle.  May run (and synchronize on) trial launches: only call it
+// Sets g.config, g.raster and g.max_swizzle.  May run (and synchronize on) trial launches: only call it
 // where a trial GEMM may scribble on g.ops.d and nobody waits on this device yet.
 std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream);
 
