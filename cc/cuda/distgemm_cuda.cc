@@ -122,6 +122,8 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.poison_output = poison;
   options.rs_path = rs_path;
   options.ag_chunks = ag_chunks;
+  static const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS");  // copy_ring; 0: default
+  if (rs_chunks > 0) options.rs_chunks = rs_chunks;
   if (std::string err = EnqueueDistGemm(p, rank, *group, buffers, options, stream); !err.empty()) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + err);
   }

@@ -29,7 +29,7 @@ struct CallOptions {
   int rs_path = 0;
   int ag_chunks = 0;
   // kRsCopyRing only: row chunks per stage (clamped to [1, kMaxChunks], at most one per 128
-  // rows).  A constant default for now; no environment variable.
+  // rows); JAX_DISTGEMM_RS_CHUNKS overrides the default.
   int rs_chunks = 2;
 };
 
