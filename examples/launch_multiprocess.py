@@ -207,7 +207,10 @@ def worker(args) -> int:
     return np.asarray(jnp.asarray(rng.standard_normal(shape) * scale, dtype))
 
   def build(check, implementation):
-    """(jitted fn, global operands, float64 reference of the global output)."""
+    """(jitted fn, global operands, ref(batch slice, rows) -> float64 rows of the global output).
+
+    The output's rows are independent, so the float64 reference is computed only for the rows
+    checked (local_errors); x4 checks at GPU sizes would take minutes in numpy otherwise."""
     rng = np.random.default_rng(args.seed + CHECKS.index(check))
     m, n, k = args.m, args.n, args.k
     if check.endswith("@x4"):
@@ -227,9 +230,11 @@ def worker(args) -> int:
       in_specs = (P("dp", "tp", None), P(None, "tp"), P("tp", None))
       out_spec = P("dp", "tp", None)
       operands = (x, w1, w2)
-      h = np.asarray(x, np.float64) @ np.asarray(w1, np.float64)
-      h = np.asarray(jnp.asarray(h, dtype), np.float64)  # the op rounds h to dtype
-      ref = h @ np.asarray(w2, np.float64)
+
+      def ref(b, rows):
+        h = np.asarray(x[b][:, rows], np.float64) @ np.asarray(w1, np.float64)
+        h = np.asarray(jnp.asarray(h, dtype), np.float64)  # the op rounds h to dtype
+        return h @ np.asarray(w2, np.float64)
     else:
       x = rand(rng, (dp, m, k))
       w = rand(rng, (k, n), 1 / np.sqrt(k))
@@ -241,24 +246,31 @@ def worker(args) -> int:
 
       in_specs = (x_spec, w_spec)
       operands = (x, w)
-      ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+      ref = lambda b, rows: np.asarray(x[b][:, rows], np.float64) @ np.asarray(w, np.float64)
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
     arrays = tuple(global_array(a, s) for a, s in zip(operands, in_specs))
     return fn, arrays, ref
 
   def local_errors(out, ref_out, ref64):
     """Relative Frobenius errors of this process's output blocks: vs the reference
-    implementation and vs float64 numpy."""
-    num_r = num_n = den = 0.0
+    implementation (every element) and vs float64 numpy (every row when the problem is small,
+    else one row of every 128-row tile row, its position varying between tile rows)."""
+    num_r = num_n = den_r = den = 0.0
     ref_blocks = {s.device.id: s for s in ref_out.addressable_shards}
     for s in out.addressable_shards:
       got = np.asarray(s.data, np.float64)
-      want = ref64[s.index]
-      num_n += float(np.sum((got - want) ** 2))
-      num_r += float(np.sum((got - np.asarray(ref_blocks[s.device.id].data, np.float64)) ** 2))
+      want_r = np.asarray(ref_blocks[s.device.id].data, np.float64)
+      num_r += float(np.sum((got - want_r) ** 2))
+      den_r += float(np.sum(want_r ** 2))
+      b, r, c = s.index
+      lo, hi, _ = r.indices(out.shape[1])
+      rows = np.arange(lo, hi)
+      if out.shape[1] * out.shape[2] > 2**22:  # sample: one row per 128-row tile row
+        rows = np.array([t + (t // 128 * 37) % min(128, hi - t) for t in range(lo, hi, 128)])
+      want = ref64(b, rows)[..., c]
+      num_n += float(np.sum((got[:, rows - lo] - want) ** 2))
       den += float(np.sum(want ** 2))
-    den = max(den, 1e-300)
-    return (num_r / den) ** 0.5, (num_n / den) ** 0.5
+    return (num_r / max(den_r, 1e-300)) ** 0.5, (num_n / max(den, 1e-300)) ** 0.5
 
   ok = True
   def build_random(check, implementation):

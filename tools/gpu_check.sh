@@ -19,8 +19,11 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu_out}
 mkdir -p "$OUT"
-MODE=${1:-all}
-[[ "$MODE" == --* ]] && shift || MODE=all
+MODE=all
+case "${1:-}" in
+  --tests-only|--mp-only|--bench-only) MODE=$1; shift ;;
+  all|--all) shift ;;
+esac
 
 # Never use NVLink multicast on these shared machines.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
