@@ -153,11 +153,14 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
   return cudaSuccess;
 }
 
-// kRemoteC unless JAX_DISTGEMM_RS_PATH says otherwise: on 2x H200 it matched or beat kPush and
-// kCopyAdd on the suite shapes (docs/performance.md, 2026-11-30).  kCopyRing is opt-in until it
-// is measured on the GPU; switch the default only if it wins there.
+// Unless JAX_DISTGEMM_RS_PATH says otherwise: kCopyRing when the running sum's NVLink time is
+// close to a stage's compute, else kRemoteC.  That ratio is (2 m n B / 395 GB/s) /
+// (2 m n k / ~700 TFLOP/s) = ~1770 / k for the stage's k: 0.87 at k = 2048, 0.43 at 4096.  On
+// 2x H200 (docs/performance.md, 2026-11-30) kCopyRing beat kRemoteC at k = 2048 in three runs
+// (0.86-0.88 vs 0.78-0.82 of ideal) and was no better at k >= 4096; kRemoteC matched or beat
+// kPush and kCopyAdd everywhere.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (o.rs_path == kRsAuto) return kRsRemoteC;
+  if (o.rs_path == kRsAuto) return p.sk() <= 2048 ? kRsCopyRing : kRsRemoteC;
   return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
 }
 
