@@ -106,11 +106,6 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   if (cudaSetDevice(device_ordinal) != cudaSuccess) {
     return Internal("cudaSetDevice failed: " + std::string(cudaGetErrorString(cudaGetLastError())));
   }
-  if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p), stream, run_id.run_id,
-                                           timeout_ms);
-      !err.empty()) {
-    return Internal("device " + std::to_string(device_ordinal) + ": " + err);
-  }
   CallBuffers buffers{x.untyped_data(), w.untyped_data(),
                       p.has_c ? c.untyped_data() : nullptr, out->untyped_data()};
   CallOptions options;
@@ -124,6 +119,11 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.ag_chunks = ag_chunks;
   static const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS");  // copy_ring; 0: default
   if (rs_chunks > 0) options.rs_chunks = rs_chunks;
+  if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
+                                           timeout_ms);
+      !err.empty()) {
+    return Internal("device " + std::to_string(device_ordinal) + ": " + err);
+  }
   if (std::string err = EnqueueDistGemm(p, rank, *group, buffers, options, stream); !err.empty()) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + err);
   }

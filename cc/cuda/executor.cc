@@ -53,15 +53,6 @@ size_t SlotBytes(const Problem& p) {
   return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
 }
 
-// Slots per parity.  AllGather: TP-1, one per stage that receives.  ReduceScatter: 2*(TP-1),
-// the largest layout of its paths, whichever runs: kRemoteC and kPush use slots 0..TP-2,
-// kCopyAdd (TP=2) slots 0 (local partial) and 1 (received), kCopyRing send slots 0..TP-2 and
-// receive slots TP-1..2*TP-3 (RsSendSlot / RsRecvSlot).  WorkspaceBytes takes no CallOptions,
-// so the workspace is sized (and, being grown only, stays sized) for the largest path: at TP>2
-// that is twice what kRemoteC alone would need.
-int SlotsPerParity(const Problem& p) {
-  return IsAllGather(p.schedule) ? p.tp - 1 : 2 * (p.tp - 1);
-}
 
 // kCopyRing: where stage i's running sum is written (i < TP-1) and received (i >= 1).
 int RsSendSlot(int i) { return i; }
@@ -469,8 +460,22 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
 
 }  // namespace
 
-size_t WorkspaceBytes(const Problem& p) {
-  return p.tp <= 1 ? 0 : 2 * static_cast<size_t>(SlotsPerParity(p)) * SlotBytes(p);
+// Slots per parity.  AllGather: TP-1, one per stage that receives.  ReduceScatter, by path:
+// kRemoteC and kPush TP-1 (slots 0..TP-2), kCopyAdd (TP=2) 2 (0: local partial, 1: received),
+// kCopyRing 2*(TP-1) (send slots 0..TP-2, receive slots TP-1..2*TP-3: RsSendSlot / RsRecvSlot).
+// The workspace only grows, so after a path change it may hold more than this call needs.
+int SlotsPerParity(const Problem& p, const CallOptions& o) {
+  if (IsAllGather(p.schedule)) return p.tp - 1;
+  switch (ChooseRsPath(p, o)) {
+    case kRsCopyAdd: return 2;
+    case kRsCopyRing: return 2 * (p.tp - 1);
+    default: return p.tp - 1;
+  }
+}
+
+size_t WorkspaceBytes(const Problem& p, const CallOptions& o) {
+  // Parity halves (Slot): the workspace is two equal halves, each holding a parity's slots.
+  return p.tp <= 1 ? 0 : 2 * static_cast<size_t>(SlotsPerParity(p, o)) * SlotBytes(p);
 }
 
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,

@@ -45,12 +45,12 @@ struct CallOptions {
 // kRemoteC on the GPU; only then should ChooseRsPath make it the default.
 enum RsPath : int { kRsAuto = 0, kRsRemoteC = 1, kRsPush = 2, kRsCopyAdd = 3, kRsCopyRing = 4 };
 
-// Symmetric workspace bytes one device needs for `p` (double-buffered slots), for whichever
-// ReduceScatter path runs (the largest layout; executor.cc, SlotsPerParity).
-size_t WorkspaceBytes(const Problem& p);
+// Symmetric workspace bytes one device needs for `p` (double-buffered slots) with the data path
+// `options` select (executor.cc, SlotsPerParity).
+size_t WorkspaceBytes(const Problem& p, const CallOptions& options);
 
 // Enqueues the whole call on `stream` (and this device's copy stream).  The group must be
-// ready (PeerGroup::EnsureReady) for WorkspaceBytes(p).  Returns "" or an error.
+// ready (PeerGroup::EnsureReady) for WorkspaceBytes(p, options).  Returns "" or an error.
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
                             const CallBuffers& buffers, const CallOptions& options,
                             cudaStream_t stream);

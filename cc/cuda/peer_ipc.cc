@@ -137,10 +137,13 @@ std::string PeerGroup::EnsureReadyCrossProcess(int rank, size_t bytes, bool need
       return "cross-process workspace setup: device " + std::to_string(peer.id) +
              " published no handles (does every process run the same program?)";
     }
-    if (p.workspace_bytes < bytes) {
+    // NOTE: slots are addressed by halves of the owner's workspace (executor.cc, Slot), so
+    // the sizes must agree, not just suffice.
+    if (p.workspace_bytes != d.workspace_bytes) {
       std::ostringstream m;
       m << "cross-process workspace setup: device " << peer.id << " holds a " << p.workspace_bytes
-        << "-byte workspace, " << bytes << " needed (does every process run the same program?)";
+        << "-byte workspace, this one " << d.workspace_bytes << " (does every process run the "
+        << "same program with the same JAX_DISTGEMM_* settings?)";
       return m.str();
     }
     if (peer.flags == nullptr) {
