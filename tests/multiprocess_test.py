@@ -25,6 +25,7 @@ import secrets
 import struct
 import subprocess
 import sys
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -186,6 +187,35 @@ class MultiprocessTest(parameterized.TestCase):
       self.assertTrue(f["recovered"], f)
     self.assertIn("shared-memory segments left by the workers: 0 ", out)
     self.assertEqual(shm_files(self.token_of(records, out)), [])
+
+  def test_timing_only_mode_times_every_schedule_in_every_process(self):
+    """--timing-only (what gpu_check.sh runs at the seed shape): operands drawn on the devices,
+    no checks, a JDG_TIME record per schedule and process with the median of the repeats, and
+    the same records in --json."""
+    with tempfile.TemporaryDirectory() as tmp:
+      json_path = os.path.join(tmp, "times.json")
+      rc, out, records = launch("--num-processes=2", "--timing-only", "--timing-iterations=3",
+                                "--timing-repeats=3", f"--checks={','.join(SCHEDULES)}",
+                                f"--json={json_path}")
+      saved = None
+      if os.path.exists(json_path):
+        with open(json_path) as f:
+          saved = json.load(f)
+    self.assertEqual(rc, 0, out[-4000:])
+    self.assertIn("Disposition: Passed", out)
+    self.assertNotIn("JDG_RESULT", out)  # no correctness checks in this mode
+    times = records.get("JDG_TIME", [])
+    self.assertCountEqual([(t["check"], t["process"]) for t in times],
+                          [(c, p) for c in SCHEDULES for p in range(2)])
+    for t in times:
+      self.assertLen(t["repeats_ms"], 3)
+      self.assertEqual(t["median_ms"], sorted(t["repeats_ms"])[1])
+      self.assertEqual(t["hlo_fused_calls"], 1, t)  # our custom call was timed
+    self.assertIsNotNone(saved, "--json wrote nothing")
+    self.assertTrue(saved["ok"])
+    self.assertEqual(saved["num_processes"], 2)
+    self.assertCountEqual([json.dumps(t, sort_keys=True) for t in saved["times"]],
+                          [json.dumps(t, sort_keys=True) for t in times])
 
   def test_without_initialize_multiprocess_the_ffi_path_is_refused(self):
     rc, out, _ = launch("--num-processes=2", f"--checks={SCHEDULES[0]}", "--skip-initialize")
