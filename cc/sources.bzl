@@ -60,6 +60,7 @@ CUDA_KERNEL_SRCS = [
 CUDA_HDRS = [
     "cuda/autotune.h",
     "cuda/combine_kernels.h",
+    "cuda/cuda_check.h",
     "cuda/distgemm_cuda.h",
     "cuda/executor.h",
     "cuda/gemm_kernels.h",

@@ -78,7 +78,8 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   if (auto err = LocateDevice(attrs, my_id, &rank, &group_index); err.failure()) return err;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  std::vector<int64_t> ids(groups.begin() + group_index * tp, groups.begin() + (group_index + 1) * tp);
+  std::vector<int64_t> ids(groups.begin() + group_index * tp,
+                           groups.begin() + (group_index + 1) * tp);
   std::vector<int> ordinals(tp);
   int local_members = 0;
   for (int r = 0; r < tp; ++r) {

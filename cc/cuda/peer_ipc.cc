@@ -28,6 +28,7 @@
 #include <sstream>
 
 #include "cc/common/shm_exchange.h"
+#include "cc/cuda/cuda_check.h"
 #include "cc/cuda/peer_state.h"
 
 namespace jax_distgemm::cuda {
@@ -48,17 +49,6 @@ struct Published {
   cudaIpcMemHandle_t flags;
 };
 
-std::string CudaError(const char* what, cudaError_t e) {
-  cudaGetLastError();
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
-
-#define RETURN_IF_CUDA_ERROR(expr)                       \
-  do {                                                   \
-    cudaError_t _e = (expr);                             \
-    if (_e != cudaSuccess) return CudaError(#expr, _e);  \
-  } while (0)
-
 std::string MapFailure(const DeviceState& peer, const Published& p, const char* what,
                        cudaError_t e) {
   cudaGetLastError();
@@ -76,13 +66,14 @@ std::string PeerGroup::EnsureReadyCrossProcess(int rank, size_t bytes, bool need
                                                bool need_grow, cudaStream_t stream,
                                                int64_t timeout_ms) {
   DeviceState& d = devs_[rank];
-  const auto timeout = std::chrono::milliseconds(std::max(timeout_ms, kCrossProcessSetupTimeoutMs));
+  const auto timeout =
+      std::chrono::milliseconds(std::max(timeout_ms, kCrossProcessSetupTimeoutMs));
   if (need_init) {
     if (std::string err = InitDevice(rank); !err.empty()) return err;
   }
-  RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
-  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
-  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(d.copy_stream));
+  JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+  JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(d.copy_stream));
 
   std::unique_ptr<ShmExchange> meeting;
   bool timed_out = false;
@@ -101,7 +92,7 @@ std::string PeerGroup::EnsureReadyCrossProcess(int rank, size_t bytes, bool need
     // mappings of the old ones before their owners free them.
     for (DeviceState& peer : devs_) {
       if (peer.ordinal >= 0 || peer.workspace == nullptr) continue;
-      RETURN_IF_CUDA_ERROR(cudaIpcCloseMemHandle(peer.workspace));
+      JDG_RETURN_IF_CUDA_ERROR(cudaIpcCloseMemHandle(peer.workspace));
       peer.workspace = nullptr;
       peer.workspace_bytes = 0;
       peer.ipc_generation = -1;
@@ -120,10 +111,12 @@ std::string PeerGroup::EnsureReadyCrossProcess(int rank, size_t bytes, bool need
   out.pid = static_cast<int32_t>(getpid());
   out.workspace_generation = d.ipc_generation;
   out.workspace_bytes = d.workspace_bytes;
-  if (d.workspace != nullptr) RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&out.workspace, d.workspace));
-  RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&out.flags, d.flags));
+  if (d.workspace != nullptr) {
+    JDG_RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&out.workspace, d.workspace));
+  }
+  JDG_RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&out.flags, d.flags));
   std::memcpy(mine, &out, sizeof(out));
-  RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+  JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   if (auto e = meeting->Barrier(rank, 2, "cross-process workspace setup (publish)", timeout);
       !e.empty()) {
     return e;
@@ -153,7 +146,9 @@ std::string PeerGroup::EnsureReadyCrossProcess(int rank, size_t bytes, bool need
       peer.flags = static_cast<uint32_t*>(ptr);
     }
     if (peer.workspace == nullptr || peer.ipc_generation != p.workspace_generation) {
-      if (peer.workspace != nullptr) RETURN_IF_CUDA_ERROR(cudaIpcCloseMemHandle(peer.workspace));
+      if (peer.workspace != nullptr) {
+        JDG_RETURN_IF_CUDA_ERROR(cudaIpcCloseMemHandle(peer.workspace));
+      }
       void* ptr = nullptr;
       cudaError_t e = cudaIpcOpenMemHandle(&ptr, p.workspace, cudaIpcMemLazyEnablePeerAccess);
       if (e != cudaSuccess) return MapFailure(peer, p, "workspace", e);

@@ -7,20 +7,11 @@
 #include <sstream>
 
 #include "cc/common/rendezvous.h"
+#include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
 
 namespace jax_distgemm::cuda {
 namespace {
-
-std::string CudaError(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
-
-#define RETURN_IF_CUDA_ERROR(expr)                       \
-  do {                                                   \
-    cudaError_t _e = (expr);                             \
-    if (_e != cudaSuccess) return CudaError(#expr, _e);  \
-  } while (0)
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
@@ -39,12 +30,12 @@ PeerGroup::~PeerGroup() = default;  // process-lifetime: the driver reclaims at 
 
 std::string PeerGroup::InitDevice(int rank) {
   DeviceState& d = devs_[rank];
-  RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+  JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_ == nullptr) {
       void* p = nullptr;
-      RETURN_IF_CUDA_ERROR(
+      JDG_RETURN_IF_CUDA_ERROR(
           cudaHostAlloc(&p, sizeof(ErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
       error_ = static_cast<ErrorRecord*>(p);
       *error_ = ErrorRecord{};
@@ -56,7 +47,7 @@ std::string PeerGroup::InitDevice(int rank) {
   for (int peer : ordinals_) {
     if (peer == d.ordinal || peer < 0) continue;
     int can = 0;
-    RETURN_IF_CUDA_ERROR(cudaDeviceCanAccessPeer(&can, d.ordinal, peer));
+    JDG_RETURN_IF_CUDA_ERROR(cudaDeviceCanAccessPeer(&can, d.ordinal, peer));
     if (!can) {
       std::ostringstream m;
       m << "device " << d.ordinal << " cannot access device " << peer
@@ -70,17 +61,18 @@ std::string PeerGroup::InitDevice(int rank) {
       return CudaError("cudaDeviceEnablePeerAccess", e);
     }
   }
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.ordinal));
-  RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
-  RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
-  RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
-  RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.stage_done, cudaEventDisableTiming));
-  RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kNumFlags * sizeof(uint32_t)));
-  RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
-  RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
+  JDG_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.ordinal));
+  JDG_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
+  JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
+  JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
+  JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.stage_done, cudaEventDisableTiming));
+  JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kNumFlags * sizeof(uint32_t)));
+  JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
+  JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
-  RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+  JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   return "";
 }
 
@@ -104,22 +96,22 @@ std::string PeerGroup::EnsureReady(int rank, size_t bytes, cudaStream_t stream, 
   if (need_init) {
     if (std::string err = InitDevice(rank); !err.empty()) return err;
   }
-  RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
-  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
-  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(d.copy_stream));
+  JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+  JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(d.copy_stream));
   // NOTE: after this barrier no device runs anything of ours: safe to free and cudaMalloc.
   if (auto e = session->Barrier(rank, 0, "workspace setup (drain)", timeout); !e.empty()) return e;
   if (need_grow) {
     if (std::string err = AllocateWorkspace(d, bytes); !err.empty()) return err;
   }
-  RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+  JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   if (auto e = session->Barrier(rank, 1, "workspace setup (publish)", timeout); !e.empty()) return e;
   return "";
 }
 
 std::string PeerGroup::AllocateWorkspace(DeviceState& d, size_t bytes) {
-  RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
-  if (d.workspace != nullptr) RETURN_IF_CUDA_ERROR(cudaFree(d.workspace));
+  JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+  if (d.workspace != nullptr) JDG_RETURN_IF_CUDA_ERROR(cudaFree(d.workspace));
   d.workspace = nullptr;
   d.workspace_bytes = 0;
   const size_t size = RoundUp(bytes, size_t{2} << 20);
@@ -154,10 +146,10 @@ std::string PeerGroup::PendingError() const {
 std::string PeerGroup::Reset() {
   for (DeviceState& d : devs_) {
     if (d.ordinal < 0 || d.flags == nullptr) continue;  // other processes reset their own
-    RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
-    RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
-    RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
-    RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+    JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
+    JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+    JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
+    JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     d.epoch = 0;
   }
   if (error_ != nullptr) *error_ = ErrorRecord{};
