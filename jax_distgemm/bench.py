@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="XLA_FLAGS added for the windowed-einsum child (write it as "
                  "--windowed-einsum-flags='--flag=... --flag=...')")
   g.add_argument("--local-gemm", action="store_true",
-                 help="also time the XLA dot of one stage's local GEMM and report the "
-                 "CUTLASS/XLA ratio (the CUTLASS side is a hook: bench_lib.local_gemm_ratio)")
+                 help="also time one stage's local GEMM, XLA's dot and ours (the fused op "
+                 "at TP=1), in the same rounds as the rows, and report the XLA/ours ratio")
   g.add_argument("--json", metavar="PATH", help="write all results as JSON")
   g.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
   g.add_argument("--list", action="store_true", help="print the cases and exit")
