@@ -127,7 +127,6 @@ def main(argv=None) -> int:
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
 
   import jax_distgemm
 
@@ -148,17 +147,8 @@ def main(argv=None) -> int:
 
   # -- Global problem, sharded as the schedule wants it ------------------------------------------
   mesh = jax.sharding.Mesh(np.array(devices), ("tp",))
-  b = (None,) if batch_count > 1 else ()
-  if schedule.is_all_gather:
-    x_spec, w_spec = P(*b, "tp", None), P(*b, None, "tp")
-  else:
-    x_spec, w_spec = P(*b, None, "tp"), P(*b, "tp", None)
-  out_spec = {
-      jax_distgemm.Schedule.AllGather1D_TilingCD_RotatingA: P(*b, None, "tp"),
-      jax_distgemm.Schedule.AllGather1D_TilingCD_RotatingB: P(*b, "tp", None),
-      jax_distgemm.Schedule.ReduceScatter1D_TilingA_RotatingC: P(*b, "tp", None),
-      jax_distgemm.Schedule.ReduceScatter1D_TilingB_RotatingC: P(*b, None, "tp"),
-  }[schedule]
+  x_spec, w_spec, out_spec = schedule.partition_specs(
+      "tp", batch=(None,) if batch_count > 1 else (), w_batched=True)
   batch = (batch_count,) if batch_count > 1 else ()
   x_shape, w_shape, out_shape = batch + (m, k), batch + (k, n), batch + (m, n)
 

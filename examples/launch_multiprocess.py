@@ -190,13 +190,8 @@ def worker(args) -> int:
   timeout_ms = args.call_timeout_ms
 
   def specs(schedule):
-    if schedule.startswith("AllGather"):
-      x_spec, w_spec = P("dp", "tp", None), P(None, "tp")
-    else:
-      x_spec, w_spec = P("dp", None, "tp"), P("tp", None)
-    out_spec = {SCHEDULES[0]: P("dp", None, "tp"), SCHEDULES[1]: P("dp", "tp", None),
-                SCHEDULES[2]: P("dp", "tp", None), SCHEDULES[3]: P("dp", None, "tp")}[schedule]
-    return x_spec, w_spec, out_spec
+    # The leading batch dim (size dp) is sharded over "dp"; w is shared.
+    return jd.Schedule[schedule].partition_specs("tp", batch=("dp",))
 
   def global_array(data, spec):
     # Every process holds the same numpy data (same seed) and hands each device its block.

@@ -97,5 +97,32 @@ class ScheduleTableTest(parameterized.TestCase):
                             f"stage {i}: devices work on distinct tiles")
 
 
+class PartitionSpecsTest(absltest.TestCase):
+  """Schedule.partition_specs: the global shardings each schedule takes and gives (the tests,
+  the benchmark and the examples place their arrays with it)."""
+
+  def test_specs_per_schedule(self):
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+    want = {  # (x, w, out) of x [M, K] @ w [K, N]
+        Schedule.AllGather1D_TilingCD_RotatingA: (P("tp", None), P(None, "tp"), P(None, "tp")),
+        Schedule.AllGather1D_TilingCD_RotatingB: (P("tp", None), P(None, "tp"), P("tp", None)),
+        Schedule.ReduceScatter1D_TilingA_RotatingC: (P(None, "tp"), P("tp", None),
+                                                     P("tp", None)),
+        Schedule.ReduceScatter1D_TilingB_RotatingC: (P(None, "tp"), P("tp", None),
+                                                     P(None, "tp")),
+    }
+    for schedule, specs in want.items():
+      self.assertEqual(schedule.partition_specs(), specs, schedule.name)
+
+  def test_batch_entries_and_batched_w(self):
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+    rs_b = Schedule.ReduceScatter1D_TilingB_RotatingC
+    self.assertEqual(rs_b.partition_specs("m", batch=("dp",)),
+                     (P("dp", None, "m"), P("m", None), P("dp", None, "m")))
+    self.assertEqual(rs_b.partition_specs("m", batch=(None, "dp"), w_batched=True),
+                     (P(None, "dp", None, "m"), P(None, "dp", "m", None),
+                      P(None, "dp", None, "m")))
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -81,20 +81,9 @@ def mesh_1d(tp: int, devices=None, axis: str = "tp") -> jax.sharding.Mesh:
 
 
 def specs(schedule: Schedule, batch_ndim: int, axis="tp", w_batched: bool = False):
-  """(x_spec, w_spec, out_spec) of the global arrays for `schedule` along mesh axis `axis`."""
-  b = (None,) * batch_ndim
-  wb = b if w_batched else ()
-  if schedule.is_all_gather:
-    x_spec, w_spec = P(*b, axis, None), P(*wb, None, axis)
-  else:
-    x_spec, w_spec = P(*b, None, axis), P(*wb, axis, None)
-  out_spec = {
-      Schedule.AllGather1D_TilingCD_RotatingA: P(*b, None, axis),
-      Schedule.AllGather1D_TilingCD_RotatingB: P(*b, axis, None),
-      Schedule.ReduceScatter1D_TilingA_RotatingC: P(*b, axis, None),
-      Schedule.ReduceScatter1D_TilingB_RotatingC: P(*b, None, axis),
-  }[schedule]
-  return x_spec, w_spec, out_spec
+  """(x_spec, w_spec, out_spec) of the global arrays for `schedule` along mesh axis `axis`, with
+  `batch_ndim` replicated leading batch dims."""
+  return schedule.partition_specs(axis, (None,) * batch_ndim, w_batched)
 
 
 def random_inputs(seed: int, x_shape, w_shape, dtype, c_shape=None):

@@ -172,20 +172,8 @@ class Case:
     return b + (self.m, self.k), b + (self.k, self.n), b + (self.m, self.n)
 
   def specs(self, axis: str = "tp"):
-    """(x, w, out) PartitionSpecs of the global arrays (as in tests/test_util.specs)."""
-    b = (None,) * len(self._batch())
-    s = self.schedule
-    if s.is_all_gather:
-      x_spec, w_spec = P(*b, axis, None), P(*b, None, axis)
-    else:
-      x_spec, w_spec = P(*b, None, axis), P(*b, axis, None)
-    out_spec = {
-        Schedule.AllGather1D_TilingCD_RotatingA: P(*b, None, axis),
-        Schedule.AllGather1D_TilingCD_RotatingB: P(*b, axis, None),
-        Schedule.ReduceScatter1D_TilingA_RotatingC: P(*b, axis, None),
-        Schedule.ReduceScatter1D_TilingB_RotatingC: P(*b, None, axis),
-    }[s]
-    return x_spec, w_spec, out_spec
+    """(x, w, out) PartitionSpecs of the global arrays (w carries the batch dims too)."""
+    return self.schedule.partition_specs(axis, (None,) * len(self._batch()), w_batched=True)
 
   def ideal_shapes(self):
     """(x, w, out) of one device's share of the FLOPs, with no communication.
@@ -404,8 +392,6 @@ def local_stage_fn(case: Case, device):
   """Our stage GEMM of `case` alone: the fused op at TP=1 on `device`.  With a single rank its
   schedule is exactly one stage GEMM (autotuned like every stage), no peers, no waits.  Timed
   interleaved with XLA's dot on the same stage-shaped operands (the local-GEMM ratio)."""
-  from jax.sharding import PartitionSpec as P
-
   import jax_distgemm  # noqa: PLC0415 - bench_lib is imported by the package's own tooling
 
   mesh1 = Mesh(np.array([device]), ("tp",))

@@ -26,6 +26,25 @@ class Schedule(enum.IntEnum):
     return self in (Schedule.AllGather1D_TilingCD_RotatingA,
                     Schedule.AllGather1D_TilingCD_RotatingB)
 
+  def partition_specs(self, axis: str = "tp", batch: tuple = (), w_batched: bool = False):
+    """(x, w, out) PartitionSpecs of the global arrays this schedule takes and gives.
+
+    x is [*batch, M, K], w is [K, N] (or [*batch, K, N] with `w_batched`), out is [*batch, M, N];
+    `axis` is the TP mesh axis; `batch` has one entry per leading batch dim: None, or the mesh
+    axes that shard it (w takes the same entries).
+    """
+    from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+    b = tuple(batch)
+    wb = b if w_batched else ()
+    if self.is_all_gather:  # x rows-sharded, w columns-sharded
+      x, w = P(*b, axis, None), P(*wb, None, axis)
+    else:  # both sharded on K
+      x, w = P(*b, None, axis), P(*wb, axis, None)
+    rows_sharded_out = self in (Schedule.AllGather1D_TilingCD_RotatingB,
+                                Schedule.ReduceScatter1D_TilingA_RotatingC)
+    out = P(*b, axis, None) if rows_sharded_out else P(*b, None, axis)
+    return x, w, out
+
   @classmethod
   def parse(cls, value: "Schedule | str | int") -> "Schedule":
     if isinstance(value, Schedule):
