@@ -45,14 +45,6 @@ int32_t LocalOrdinal(int platform, int64_t id) {
   return -1;
 }
 
-bool IsLocalDeviceId(int platform, int64_t id) {
-  std::lock_guard<std::mutex> lock(Mu());
-  auto it = Table().find(platform);
-  if (it == Table().end() || it->second.empty()) return true;
-  for (const auto& entry : it->second) {
-    if (entry.second == id) return true;
-  }
-  return false;
-}
+bool IsLocalDeviceId(int platform, int64_t id) { return LocalOrdinal(platform, id) >= 0; }
 
 }  // namespace jax_distgemm

@@ -65,7 +65,6 @@ class PeerGroup {
 
   int tp() const { return static_cast<int>(devs_.size()); }
   DeviceState& dev(int rank) { return devs_[rank]; }
-  const std::vector<int>& ordinals() const { return ordinals_; }
   bool cross_process() const { return cross_process_; }
   ErrorRecord* error() const { return error_; }
 
