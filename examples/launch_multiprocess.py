@@ -112,6 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.num_processes < 1 or args.devices_per_process < 1:
     p.error("--num-processes and --devices-per-process must be >= 1")
+  if args.timing_iterations < 0 or args.timing_repeats < 1:
+    p.error("--timing-iterations must be >= 0 and --timing-repeats >= 1")
   if args.timing_only and not args.timing_iterations:
     args.timing_iterations = 10
   total = args.num_processes * args.devices_per_process
@@ -354,7 +356,7 @@ def time_calls(args, fn, arrays) -> dict:
   for _ in range(3):
     jax.block_until_ready(fn(*arrays))
   per_call = []
-  for _ in range(max(1, args.timing_repeats)):
+  for _ in range(args.timing_repeats):
     start = time.perf_counter()
     out = None
     for _ in range(args.timing_iterations):
