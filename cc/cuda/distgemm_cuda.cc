@@ -120,6 +120,9 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.ag_chunks = ag_chunks;
   static const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS");  // copy_ring; 0: default
   if (rs_chunks > 0) options.rs_chunks = rs_chunks;
+  static const bool no_overlap = std::getenv("JAX_DISTGEMM_STAGE_OVERLAP") != nullptr &&
+                                 std::string(std::getenv("JAX_DISTGEMM_STAGE_OVERLAP")) == "0";
+  options.overlap_stages = !no_overlap;
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
                                            timeout_ms);
       !err.empty()) {

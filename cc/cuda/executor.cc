@@ -36,6 +36,7 @@
 #include "cc/cuda/autotune.h"
 #include "cc/cuda/combine_kernels.h"
 #include "cc/cuda/gemm_kernels.h"
+#include "cc/cuda/stage_trace.h"
 #include "cc/schedules/ring_1d.h"
 
 namespace jax_distgemm::cuda {
@@ -174,8 +175,10 @@ GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions&
   return g;
 }
 
-std::string Launch(GemmLaunch& g, cudaStream_t stream, int stage) {
+// Tunes (first use of a shape), traces (JAX_DISTGEMM_TRACE=1) and enqueues one stage GEMM.
+std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage, int chunk) {
   if (std::string err = ChooseConfig(g, stream); !err.empty()) return err;
+  g.sync.trace = TraceReserve(g.device, epoch, stage, chunk);
   if (GemmWorkspaceBytes(g) > PeerGroup::kGemmScratchBytes) {
     return "stage GEMM needs more CUTLASS workspace than reserved";
   }
@@ -274,7 +277,10 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
         g.sync.stage = i;
         g.sync.peer = Sched::Source(rank, i, tp);
       }
-      if (std::string err = Launch(g, stream, i); !err.empty()) return err;
+      // Every launch after the call's first writes its own rows or columns of out and reads
+      // x, w and peers' slots only: it may run into the previous launch's tail.
+      g.sync.overlap_previous = o.overlap_stages && (i > 0 || c > 0);
+      if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
     }
   }
   // XLA may reuse the shard's buffer once we return: the pushes must be done by then.
@@ -345,7 +351,10 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
         g.sync.stage = i;
         g.sync.peer = Sched::Source(rank, i, tp);
       }
-      if (std::string err = Launch(g, stream, i); !err.empty()) return err;
+      // Chunk GEMMs read x, w and (after its flag) their receive slot, and write their own
+      // send-slot or out rows: none reads what the launch before it writes.
+      g.sync.overlap_previous = o.overlap_stages && (i > 0 || c > 0);
+      if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
       if (last || o.skip_signals) continue;
       // Push this chunk while the next ones compute.  One event suffices: cudaStreamWaitEvent
       // waits for the event's most recent record at the time of the call.
@@ -419,7 +428,7 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
         g.sync.signal_epoch = epoch;
       }
     }
-    if (std::string err = Launch(g, stream, i); !err.empty()) return err;
+    if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
     if (path == kRsCopyAdd && i == 0) {
       // Send the finished partial while stage 1 computes: slot 0 -> right's recv slot 1.
       if (cudaEventRecord(me.stage_done, stream) != cudaSuccess ||

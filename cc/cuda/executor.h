@@ -31,6 +31,10 @@ struct CallOptions {
   // kRsCopyRing only: row chunks per stage (clamped to [1, kMaxChunks], at most one per 128
   // rows); JAX_DISTGEMM_RS_CHUNKS overrides the default.
   int rs_chunks = 2;
+  // Later launches of a call that read nothing the launch before them writes start their GEMM
+  // as soon as they are resident (StageSync::overlap_previous); JAX_DISTGEMM_STAGE_OVERLAP=0
+  // makes every launch wait for the previous one to finish first.
+  bool overlap_stages = true;
 };
 
 // ReduceScatter data paths.  kRemoteC: the running sum stays in its producer's slot and the
@@ -41,8 +45,7 @@ struct CallOptions {
 // kCopyRing (any TP): each stage writes its running sum locally, in row chunks; after each
 // chunk the copy engine pushes it into the right neighbour's local receive slot and sets its
 // flag, and the neighbour's matching chunk GEMM reads it locally as C: no SM touches NVLink and
-// there is no add pass.  Opt-in (JAX_DISTGEMM_RS_PATH=copy_ring) until measured faster than
-// kRemoteC on the GPU; only then should ChooseRsPath make it the default.
+// there is no add pass.  The default where the stage's k <= 2048 (ChooseRsPath, executor.cc).
 enum RsPath : int { kRsAuto = 0, kRsRemoteC = 1, kRsPush = 2, kRsCopyAdd = 3, kRsCopyRing = 4 };
 
 // Symmetric workspace bytes one device needs for `p` (double-buffered slots) with the data path

@@ -9,6 +9,7 @@
 #include "cc/common/rendezvous.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
+#include "cc/cuda/stage_trace.h"
 
 namespace jax_distgemm::cuda {
 namespace {
@@ -72,6 +73,7 @@ std::string PeerGroup::InitDevice(int rank) {
   JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
+  if (std::string err = TraceInit(d.ordinal); !err.empty()) return err;  // JAX_DISTGEMM_TRACE=1
   JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   return "";
 }

@@ -16,7 +16,6 @@
 #include "cc/cuda/stage_sync.h"
 #include "cc/cuda/stage_sync_device.cuh"
 #include "cute/tensor.hpp"
-#include "cutlass/arch/grid_dependency_control.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/device_kernel.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -26,8 +25,11 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
 
-#if !defined(CUTLASS_ENABLE_GDC_FOR_SM90)
-#error "Build with -DCUTLASS_ENABLE_GDC_FOR_SM90=1: stage ordering relies on griddepcontrol"
+// NOTE: stage ordering is StageKernel's griddepcontrol (stage_sync_device.cuh).  With
+// CUTLASS's own enabled, its producer warp would wait for the previous grid before loading,
+// and a stage could never run into the previous one's tail.
+#if defined(CUTLASS_ENABLE_GDC_FOR_SM90)
+#error "Build without CUTLASS_ENABLE_GDC_FOR_SM90: StageKernel orders the stages itself"
 #endif
 
 namespace jax_distgemm::cuda {
@@ -146,12 +148,14 @@ struct StageKernel : GemmKernel_ {
   static dim3 get_grid_shape(Params const& params) { return Base::get_grid_shape(params.base); }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
-    // Let the next stage launch early; then wait until the previous grid on this stream is
-    // complete and its memory flushed (a no-op when launched without PDL).
-    cutlass::arch::launch_dependent_grids();
-    cutlass::arch::wait_on_dependent_grids();
-
     const StageSync& s = params.sync;
+    if (s.trace != nullptr && threadIdx.x == 0) TraceMin(&s.trace[0]);
+    // Wait until the previous grid on this stream is complete and its memory flushed (a no-op
+    // when launched without PDL), unless this grid does not read what it wrote; then let the
+    // next stage launch early (after the wait: see StageSync::overlap_previous).
+    if (!s.overlap_previous) WaitForPreviousGrid();
+    LaunchNextGrid();
+
     if (s.signal_flag != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
         threadIdx.x == 0) {
       StoreReleaseSys(s.signal_flag, s.signal_epoch);
@@ -173,13 +177,20 @@ struct StageKernel : GemmKernel_ {
         go = *verdict;
       }
       cute::cluster_sync();  // everyone has read the verdict before the GEMM reuses smem
-      if (go == 0u) return;  // timed out: the host reports the ErrorRecord
+      if (go == 0u) {  // timed out: the host reports the ErrorRecord
+        if (s.overlap_previous) WaitForPreviousGrid();
+        return;
+      }
       // The peer's data was written by another device (copy engine or TMA); order our TMA
       // (async proxy) reads after the leader's acquire.
       asm volatile("fence.proxy.async.global;" ::: "memory");
     }
+    if (s.trace != nullptr && threadIdx.x == 0) TraceMax(&s.trace[1]);
     Base gemm;
     gemm(params.base, smem);
+    if (s.overlap_previous) WaitForPreviousGrid();  // complete in stream order
+    // Warp-specialized roles finish at different times: every warp stamps its own end.
+    if (s.trace != nullptr && threadIdx.x % 32 == 0) TraceMax(&s.trace[2]);
   }
 };
 

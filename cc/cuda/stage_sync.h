@@ -36,6 +36,15 @@ struct StageSync {
   uint64_t timeout_ns = 0;
   ErrorRecord* error = nullptr;  // device pointer of the group's record
   int32_t rank = 0, stage = 0, peer = -1;
+  // The grid reads nothing that the previous grid on its stream writes (a later AllGather
+  // stage, a kCopyRing chunk after the call's first): it starts its GEMM as soon as its CTAs
+  // are resident, filling the previous grid's tail, and waits for that grid (griddepcontrol)
+  // only before it exits, so grids still complete in stream order.  NOTE: safe only because
+  // every grid triggers its dependents after its own wait: the call's first grid waited for the
+  // kernels that produced x and w.
+  bool overlap_previous = false;
+  // JAX_DISTGEMM_TRACE=1: this launch's record (stage_trace.h), else nullptr.
+  uint64_t* trace = nullptr;
 };
 
 }  // namespace jax_distgemm::cuda

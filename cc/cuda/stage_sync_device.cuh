@@ -24,6 +24,29 @@ __device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Programmatic dependent launch (PTX griddepcontrol; sm_90+).  The build leaves CUTLASS's own
+// calls off (no CUTLASS_ENABLE_GDC_FOR_SM90): its mainloop producer would wait for the
+// previous grid again, which StageSync::overlap_previous must be able to skip.
+__device__ __forceinline__ void WaitForPreviousGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void LaunchNextGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Trace stamps (stage_trace.h): the latest, or (stored complemented) the earliest, of the
+// stamps the CTAs of one launch leave in `word`.
+__device__ __forceinline__ void TraceMax(uint64_t* word) {
+  atomicMax(reinterpret_cast<unsigned long long*>(word), GlobalTimerNs());
+}
+__device__ __forceinline__ void TraceMin(uint64_t* word) {
+  atomicMax(reinterpret_cast<unsigned long long*>(word), ~GlobalTimerNs());
+}
+
 // Spins until the flag reaches the epoch or the timeout passes.  Returns true on arrival; on
 // timeout the first waiter of the group fills the ErrorRecord.
 __device__ __forceinline__ bool WaitFlag(const StageSync& s) {

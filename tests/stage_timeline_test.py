@@ -1,0 +1,54 @@
+"""tools/stage_timeline.py's reduction of trace records to per-stage timelines (no GPU needed:
+the records are synthetic; the GPU run itself is in docs/performance.md)."""
+
+import os
+import sys
+
+from absl.testing import absltest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tools"))
+import stage_timeline  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def rec(call, stage, chunk, start_us, ready_us, end_us, device=0):
+  return (device, call, stage, chunk, int(start_us * 1e3), int(ready_us * 1e3),
+          int(end_us * 1e3))
+
+
+class SummarizeTest(absltest.TestCase):
+
+  def test_offsets_spans_and_gaps(self):
+    # Two calls of two stages each; the second stage of each waits 10 us for its peer.
+    records = [
+        rec(7, 0, 0, 1000, 1000, 1090), rec(7, 1, 0, 1088, 1100, 1190),
+        rec(8, 0, 0, 1195, 1195, 1287), rec(8, 1, 0, 1285, 1297, 1391),
+    ]
+    t = stage_timeline._summarize(records, calls_wanted=10)["0"]
+    self.assertEqual(t["calls"], 2)
+    self.assertAlmostEqual(t["span_us"], (190 + 196) / 2)
+    self.assertAlmostEqual(t["gap_us"], 5.0)  # only between consecutive epochs 7 -> 8
+    s0, s1 = t["launches"]
+    self.assertEqual((s0["stage"], s1["stage"]), (0, 1))
+    self.assertAlmostEqual(s0["end"], (90 + 92) / 2)
+    self.assertAlmostEqual(s1["start"], (88 + 90) / 2)
+    self.assertAlmostEqual(s1["ready"], (100 + 102) / 2)
+
+  def test_keeps_last_calls_per_device_and_drops_unwritten(self):
+    records = [rec(c, 0, 0, 100 * c, 100 * c, 100 * c + 50, device=d)
+               for d in (0, 1) for c in range(1, 6)]
+    records.append((0, 6, 0, 0, 0, 0, 0))  # never ran (e.g. a timed-out call)
+    out = stage_timeline._summarize(records, calls_wanted=3)
+    self.assertEqual(sorted(out), ["0", "1"])
+    self.assertEqual(out["0"]["calls"], 3)
+    self.assertAlmostEqual(out["0"]["gap_us"], 50.0)
+    self.assertAlmostEqual(out["1"]["span_us"], 50.0)
+
+  def test_ready_never_before_start(self):
+    # A launch without a flag wait may stamp "ready" from a CTA that started before the
+    # last one: the report clamps it to the launch's start.
+    t = stage_timeline._summarize([rec(1, 1, 0, 10, 5, 20)], 1)["0"]
+    self.assertAlmostEqual(t["launches"][0]["ready"], 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()

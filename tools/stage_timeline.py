@@ -1,0 +1,184 @@
+"""Where a fused call's time goes: per-stage GPU timelines next to the ideal, per variant.
+
+For each case and each variant (a set of JAX_DISTGEMM_* environment overrides, each in its own
+child process, since the executor reads them once), in one process: the ideal (XLA's dot of
+the per-device problem) and ours (implementation="ffi") timed in interleaved repeats as
+`python -m jax_distgemm.bench` does, then one traced repeat of ours (JAX_DISTGEMM_TRACE=1:
+every stage GEMM stamps %globaltimer when its first CTA starts, when its last CTA is past its
+flag wait, and when its last CTA is done; cc/cuda/stage_trace.h).  Printed per stage launch,
+as medians over the traced calls, in microseconds from the call's first CTA start:
+
+  start   first CTA of the launch began
+  ready   last CTA past its flag wait (ready - start large: it waited for a peer's data)
+  end     last CTA finished
+
+plus the call's span (first start to last end) and the gap to the next call's first start
+(host or launch overhead: the GPU ran nothing of ours).  GPU only.
+
+  python tools/stage_timeline.py --cases AG-RotA:8192,4096,4096 RS-TilA:8192,4096,4096 \
+      --variant default: --variant no_overlap:JAX_DISTGEMM_STAGE_OVERLAP=0 --json t.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def _parse_case(text: str):
+  from jax_distgemm._src import bench_lib as bl
+  short, _, dims = text.partition(":")
+  m, k, n = (int(v) for v in dims.split(","))
+  return bl.Case(bl.parse_schedule(short), m, k, n)
+
+
+def _summarize(records, calls_wanted: int) -> dict:
+  """Medians over calls of each launch's (start, ready, end) offsets, per device."""
+  by_dev = collections.defaultdict(lambda: collections.defaultdict(list))
+  for dev, call, stage, chunk, start, ready, end in records:
+    if start and end:
+      by_dev[dev][call].append((stage, chunk, start, ready, end))
+  out = {}
+  for dev, calls in sorted(by_dev.items()):
+    keys = sorted(calls)[-calls_wanted:]
+    rows = collections.defaultdict(lambda: {"start": [], "ready": [], "end": []})
+    spans, gaps = [], []
+    for i, c in enumerate(keys):
+      launches = calls[c]
+      t0 = min(l[2] for l in launches)
+      t_end = max(l[4] for l in launches)
+      spans.append((t_end - t0) / 1e3)
+      if i + 1 < len(keys) and keys[i + 1] == c + 1:
+        gaps.append((min(l[2] for l in calls[keys[i + 1]]) - t_end) / 1e3)
+      for stage, chunk, start, ready, end in launches:
+        r = rows[(stage, chunk)]
+        r["start"].append((start - t0) / 1e3)
+        r["ready"].append((max(ready, start) - t0) / 1e3)
+        r["end"].append((end - t0) / 1e3)
+    med = lambda v: statistics.median(v) if v else None
+    out[str(dev)] = {
+        "calls": len(keys),
+        "span_us": med(spans),
+        "gap_us": med(gaps),
+        "launches": [{"stage": s, "chunk": c, **{k: med(v) for k, v in r.items()}}
+                     for (s, c), r in sorted(rows.items())],
+    }
+  return out
+
+
+def child(args) -> None:
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+  from jax_distgemm import ffi as ffi_modules
+  from jax_distgemm._src import bench_lib as bl
+
+  devices, platform, _ = bl.select_devices(2)
+  if platform != "gpu" or not ffi_modules.has_cuda():
+    raise SystemExit("stage_timeline needs 2 GPUs and the CUDA module")
+  cuda = ffi_modules.module_for("cuda")
+  opts = bl.Options(repeats=args.repeats, warmup=args.warmup)
+  results = []
+  for index, text in enumerate(args.cases):
+    case = _parse_case(text)
+    mesh = Mesh(np.array(devices), ("tp",))
+    shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
+    xg, wg, _ = case.global_shapes()
+    key = jax.random.fold_in(jax.random.key(args.seed), index)
+    set_bytes = (bl._nbytes(xg, case.jdtype) + bl._nbytes(wg, case.jdtype)) // case.tp
+    n_sets = bl.rotation_sets(set_bytes, l2_bytes=opts.l2_bytes,
+                              budget_bytes=opts.rotation_budget_bytes, max_sets=opts.max_sets)
+    sets = bl.make_sets(jax.random.fold_in(key, 0), n_sets, xg, wg, None, case.jdtype, shardings)
+    ours = bl.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
+    single = SingleDeviceSharding(devices[0])
+    xi, wi, _ = case.ideal_shapes()
+    ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), n_sets, xi, wi, None, case.jdtype,
+                              (single, single, single))
+    ideal = bl.ideal_fn(case).lower(*ideal_sets[0]).compile()
+    entries = [bl.Timed("ideal", ideal, ideal_sets), bl.Timed("ffi", ours, sets)]
+    bl.time_interleaved(entries, opts, lambda msg: None)
+    t_ideal, t_ours = (statistics.median(e.times) for e in entries)
+    cuda.trace_records(True)  # drop warm-up and timed calls
+    entries[1].run(args.traced_calls)
+    summary = _summarize(cuda.trace_records(True), args.traced_calls)
+    results.append({"case": case.label, "ideal_ms": t_ideal, "ours_ms": t_ours,
+                    "eff": t_ideal / t_ours, "ideal_repeats": entries[0].times,
+                    "ours_repeats": entries[1].times, "timeline": summary})
+    del sets, ideal_sets, ours, ideal, entries
+    jax.clear_caches()
+  with open(args.child_out, "w") as f:
+    json.dump(results, f)
+
+
+def report(variant: str, results: list[dict]) -> str:
+  lines = []
+  for r in results:
+    lines.append(f"[{variant}] {r['case']}: ideal {r['ideal_ms']:.3f} ms, ours "
+                 f"{r['ours_ms']:.3f} ms, eff {r['eff']:.3f}")
+    for dev, t in r["timeline"].items():
+      gap = "n/a" if t["gap_us"] is None else f"{t['gap_us']:.1f}"
+      lines.append(f"    device {dev}: span {t['span_us']:.1f} us, gap to next call {gap} us "
+                   f"({t['calls']} calls)")
+      for l in t["launches"]:
+        lines.append(f"      stage {l['stage']} chunk {l['chunk']}: start {l['start']:7.1f}  "
+                     f"ready {l['ready']:7.1f}  end {l['end']:7.1f}")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--cases", nargs="+", required=True, metavar="SCHED:M,K,N",
+                 help="e.g. AG-RotA:8192,4096,4096 (short or full schedule names)")
+  p.add_argument("--variant", action="append", metavar="NAME:ENV=V[,ENV=V]",
+                 help="environment overrides of one child run (repeatable; default: one "
+                      "run with the defaults)")
+  p.add_argument("--repeats", type=int, default=9)
+  p.add_argument("--warmup", type=int, default=5)
+  p.add_argument("--traced-calls", type=int, default=50)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--json", metavar="PATH")
+  p.add_argument("--timeout", type=float, default=300.0, help="seconds per variant")
+  p.add_argument("--_child", dest="child_out", help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.child_out:
+    child(args)
+    return
+  variants = args.variant or ["default:"]
+  all_results = {}
+  for v in variants:
+    name, _, assigns = v.partition(":")
+    env = dict(os.environ, JAX_DISTGEMM_TRACE="1")
+    for a in filter(None, assigns.split(",")):
+      k, _, val = a.partition("=")
+      env[k] = val
+    out = f"/tmp/stage_timeline_{os.getpid()}_{name}.json"
+    cmd = [sys.executable, __file__, "--_child", out, "--cases", *args.cases,
+           "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+           "--traced-calls", str(args.traced_calls), "--seed", str(args.seed)]
+    try:
+      proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+      print(f"[{name}] timed out after {args.timeout:.0f} s", flush=True)
+      all_results[name] = {"status": "timeout"}
+      continue
+    if proc.returncode != 0:
+      print(f"[{name}] child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
+      all_results[name] = {"status": "error", "stderr": proc.stderr[-3000:]}
+      continue
+    with open(out) as f:
+      results = json.load(f)
+    os.remove(out)
+    all_results[name] = {"status": "ok", "env": assigns, "results": results}
+    print(report(name, results), flush=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(all_results, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
