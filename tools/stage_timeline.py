@@ -38,12 +38,23 @@ def _parse_case(text: str):
 
 
 def _summarize(records, calls_wanted: int) -> dict:
-  """Medians over calls of each launch's (start, ready, end) offsets, per device."""
+  """Medians over calls of each launch's (start, ready, end) offsets, per device.
+
+  Records of stage -1 are the handler's host time (steady clock): reported as the median time
+  inside the handler and the median period between handler entries (host-bound when that
+  period is as long as a call's span plus gap).  "skew_us": median over calls of device d's
+  first CTA start minus the first device's (meaningful only if %globaltimer agrees across
+  GPUs, which the driver keeps close to the host's time).
+  """
   by_dev = collections.defaultdict(lambda: collections.defaultdict(list))
+  host = collections.defaultdict(list)
   for dev, call, stage, chunk, start, ready, end in records:
-    if start and end:
+    if stage < 0:
+      host[dev].append((start, end))
+    elif start and end:
       by_dev[dev][call].append((stage, chunk, start, ready, end))
   out = {}
+  first_t0 = None
   for dev, calls in sorted(by_dev.items()):
     keys = sorted(calls)[-calls_wanted:]
     rows = collections.defaultdict(lambda: {"start": [], "ready": [], "end": []})
@@ -61,10 +72,18 @@ def _summarize(records, calls_wanted: int) -> dict:
         r["ready"].append((max(ready, start) - t0) / 1e3)
         r["end"].append((end - t0) / 1e3)
     med = lambda v: statistics.median(v) if v else None
+    t0s = {c: min(l[2] for l in calls[c]) for c in keys}
+    if first_t0 is None:
+      first_t0 = t0s
+    skew = [(t0s[c] - first_t0[c]) / 1e3 for c in keys if c in first_t0]
+    h = host.get(dev, [])[-calls_wanted:]
     out[str(dev)] = {
         "calls": len(keys),
         "span_us": med(spans),
         "gap_us": med(gaps),
+        "skew_us": med(skew),
+        "host_us": med([(e - b) / 1e3 for b, e in h]),
+        "host_period_us": med([(h[i + 1][0] - h[i][0]) / 1e3 for i in range(len(h) - 1)]),
         "launches": [{"stage": s, "chunk": c, **{k: med(v) for k, v in r.items()}}
                      for (s, c), r in sorted(rows.items())],
     }
@@ -121,9 +140,11 @@ def report(variant: str, results: list[dict]) -> str:
     lines.append(f"[{variant}] {r['case']}: ideal {r['ideal_ms']:.3f} ms, ours "
                  f"{r['ours_ms']:.3f} ms, eff {r['eff']:.3f}")
     for dev, t in r["timeline"].items():
-      gap = "n/a" if t["gap_us"] is None else f"{t['gap_us']:.1f}"
-      lines.append(f"    device {dev}: span {t['span_us']:.1f} us, gap to next call {gap} us "
-                   f"({t['calls']} calls)")
+      f = lambda v: "n/a" if v is None else f"{v:.1f}"
+      lines.append(f"    device {dev}: span {f(t['span_us'])} us, gap to next call "
+                   f"{f(t['gap_us'])} us, start skew {f(t.get('skew_us'))} us, host "
+                   f"{f(t.get('host_us'))} us in the handler every "
+                   f"{f(t.get('host_period_us'))} us ({t['calls']} calls)")
       for l in t["launches"]:
         lines.append(f"      stage {l['stage']} chunk {l['chunk']}: start {l['start']:7.1f}  "
                      f"ready {l['ready']:7.1f}  end {l['end']:7.1f}")
@@ -166,6 +187,9 @@ def main() -> None:
       print(f"[{name}] timed out after {args.timeout:.0f} s", flush=True)
       all_results[name] = {"status": "timeout"}
       continue
+    if args.json:  # the child's log (e.g. JAX_DISTGEMM_LOG_TUNING=1) next to the JSON
+      with open(f"{args.json}.{name}.stderr", "w") as f:
+        f.write(proc.stderr)
     if proc.returncode != 0:
       print(f"[{name}] child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
       all_results[name] = {"status": "error", "stderr": proc.stderr[-3000:]}

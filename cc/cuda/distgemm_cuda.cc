@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <cstdlib>
 #include <string>
@@ -14,6 +15,7 @@
 #include "cc/common/shm_exchange.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
+#include "cc/cuda/stage_trace.h"
 
 namespace jax_distgemm::cuda {
 namespace {
@@ -146,8 +148,19 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                             ffi::Span<const int64_t> groups, float alpha, float beta,
                             int64_t call_id, int64_t timeout_ms) {
   try {
-    return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, schedule, tp, groups,
-                            alpha, beta, call_id, timeout_ms);
+    if (!TraceEnabled()) {
+      return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, schedule, tp, groups,
+                              alpha, beta, call_id, timeout_ms);
+    }
+    const auto now = [] {
+      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now().time_since_epoch()).count());
+    };
+    const uint64_t begin = now();
+    ffi::Error result = DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, schedule,
+                                         tp, groups, alpha, beta, call_id, timeout_ms);
+    TraceHostCall(device_ordinal, -1, begin, now());
+    return result;
   } catch (const std::exception& e) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
   }

@@ -18,6 +18,7 @@ struct Meta {
 struct DeviceTrace {
   uint64_t* words = nullptr;  // [kTraceCapacity][3], device memory
   std::vector<Meta> meta;     // one per reserved record
+  std::vector<TraceRecord> host;  // one per call
 };
 
 std::mutex& Mu() {
@@ -66,6 +67,16 @@ uint64_t* TraceReserve(int ordinal, int64_t call, int stage, int chunk) {
   return t.words + 3 * (t.meta.size() - 1);
 }
 
+void TraceHostCall(int ordinal, int64_t call, uint64_t begin_ns, uint64_t end_ns) {
+  if (!TraceEnabled()) return;
+  std::lock_guard<std::mutex> lock(Mu());
+  auto it = Traces().find(ordinal);
+  if (it == Traces().end() || it->second.host.size() >= static_cast<size_t>(kTraceCapacity)) {
+    return;
+  }
+  it->second.host.push_back(TraceRecord{ordinal, call, -1, 0, begin_ns, begin_ns, end_ns});
+}
+
 std::string TraceDump(bool clear, std::vector<TraceRecord>* out) {
   std::lock_guard<std::mutex> lock(Mu());
   int prev = 0;
@@ -84,7 +95,9 @@ std::string TraceDump(bool clear, std::vector<TraceRecord>* out) {
       out->push_back(TraceRecord{ordinal, t.meta[i].call, t.meta[i].stage, t.meta[i].chunk,
                                  s == 0 ? 0 : ~s, words[3 * i + 1], words[3 * i + 2]});
     }
+    out->insert(out->end(), t.host.begin(), t.host.end());
     if (clear) {
+      t.host.clear();
       JDG_RETURN_IF_CUDA_ERROR(cudaMemset(t.words, 0, kTraceBytes));
       JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
       t.meta.clear();

@@ -20,7 +20,7 @@ inline constexpr int kTraceCapacity = 1 << 16;  // records per device; later lau
 struct TraceRecord {
   int device;      // CUDA ordinal
   int64_t call;    // the device's call epoch
-  int32_t stage;   // stage of the schedule
+  int32_t stage;   // stage of the schedule; -1: the handler's host time (start, end)
   int32_t chunk;   // row/column chunk within the stage (0 when unchunked)
   uint64_t start, ready, end;  // ns, %globaltimer (0: not written)
 };
@@ -32,6 +32,9 @@ std::string TraceInit(int ordinal);
 // The next record's 3 words for a stage GEMM of device `ordinal`, or nullptr (tracing off or
 // buffer full).  Word 0 holds ~start (so that atomicMax over a zeroed word takes the minimum).
 uint64_t* TraceReserve(int ordinal, int64_t call, int stage, int chunk);
+// Host side of one call (stage -1 in the dump): steady-clock ns when the handler of device
+// `ordinal` was entered and when it returned.
+void TraceHostCall(int ordinal, int64_t call, uint64_t begin_ns, uint64_t end_ns);
 // Synchronizes the traced devices and appends every record so far to `out`; with `clear`, the
 // buffers start over.  No call may be in flight.  Returns "" or an error.
 std::string TraceDump(bool clear, std::vector<TraceRecord>* out);
