@@ -133,6 +133,12 @@ class BenchEndToEndTest(absltest.TestCase):
       best = min(bl.BASELINES, key=lambda n: rows[n]["ms"])
       self.assertEqual(c["best_baseline"], best)
       self.assertAlmostEqual(c["speedup"], rows[best]["ms"] / ours, places=9)
+      # The ideal on every TP device at once (same dot, one program over the mesh).
+      mesh = c["ideal_all_devices"]
+      self.assertEqual(mesh["status"], "ok")
+      self.assertGreater(mesh["ms"], 0)
+      self.assertEqual(c["ideal_all_devices_ms"], mesh["ms"])
+      self.assertAlmostEqual(c["efficiency_all_devices"], mesh["ms"] / ours, places=9)
       for name, row in rows.items():
         self.assertAlmostEqual(row["efficiency"], ideal / row["ms"], places=9, msg=name)
         self.assertAlmostEqual(row["tflops_per_gpu"],

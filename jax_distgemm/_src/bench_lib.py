@@ -3,7 +3,9 @@
 Every number comes from the run that prints it.  Per case, in one process: the ideal (an XLA dot
 of one device's share of the problem, no communication), ours (implementation="ffi"), "auto"
 (implementation=None), XLA all_gather + dot / dot + psum_scatter ("reference"), the ppermute ring
-("xla") and plain jit auto-sharding ("jit_auto"); XLA's windowed einsum needs different XLA_FLAGS
+("xla") and plain jit auto-sharding ("jit_auto"); besides, the ideal on every TP device at once
+(one program over the mesh, no communication: the step a TP layer would take if communication
+were free; "eff*" in the summary).  XLA's windowed einsum needs different XLA_FLAGS
 and so runs in a child process started before this process touches a device (so that the child
 sees the whole GPU memory, before this process preallocates its share).
 
@@ -364,6 +366,23 @@ def ideal_fn(case: Case):
   return jax.jit(f)
 
 
+def ideal_all_devices_fn(case: Case, mesh: Mesh):
+  """ideal_fn on every device of the TP group at once: one program, no communication.
+
+  Inputs are [TP, ...] stacks of per-device operands sharded over "tp".  This is the step a TP
+  layer would take if communication were free: every GPU busy with its own share, the slowest
+  one setting the time, with the same multi-device dispatch as ours.
+  """
+  inner = ideal_fn(case)
+
+  def body(x, w, *c):
+    return inner(x[0], w[0], *(ci[0] for ci in c))[None]
+
+  n_in = 3 if case.beta != 0 else 2
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"),) * n_in,
+                               out_specs=P("tp")))
+
+
 @jax.jit
 def _rel_err(out, ref):
   o = out.astype(jnp.float32)
@@ -616,6 +635,25 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
       rows["ideal"] = {"status": "pending"}
       entries.append(Timed("ideal", call, ideal_sets))
 
+  mesh_ideal_sets = None
+  if "ideal" in want and tp > 1:
+    xi, wi, oi = case.ideal_shapes()
+    ci = oi if case.beta != 0 else None
+    stacked = NamedSharding(mesh, P("tp"))
+    progress("ideal on every device: drawing inputs, compiling")
+
+    def prep_mesh_ideal():
+      s = make_sets(jax.random.fold_in(key, 3), n_ideal, (tp,) + tuple(xi), (tp,) + tuple(wi),
+                    (tp,) + tuple(oi) if ci else None, dt, (stacked,) * 3)
+      return s, ideal_all_devices_fn(case, mesh).lower(*s[0]).compile()
+
+    got, fail = guarded(prep_mesh_ideal)
+    if fail:
+      data["ideal_all_devices"] = fail
+    else:
+      mesh_ideal_sets, call = got
+      entries.append(Timed("ideal_all_devices", call, mesh_ideal_sets))
+
   stage_sets = None
   if opts.local_gemm:
     single = SingleDeviceSharding(devices[0])
@@ -650,6 +688,9 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
   time_interleaved(entries, opts, lambda msg: progress(f"timing: {msg}"))
   local = {e.name: e for e in entries if e.name.startswith("local_")}
   for e in entries:
+    if e.name == "ideal_all_devices":
+      data["ideal_all_devices"] = _timing_row(e)
+      continue
     if e.name in local:
       continue
     rows[e.name] = {**{k: v for k, v in rows[e.name].items() if k != "status"},
@@ -708,14 +749,19 @@ def finalize_case(case: Case, rows: dict, data: dict, opts: Options) -> dict:
       if not ok:
         failures.append(f"{name}: rel_err {err:.3g} > eps {eps:g}")
   ours = rows[OURS]
+  mesh_ideal = data.get("ideal_all_devices") or {}
+  mesh_ms = mesh_ideal.get("ms") if mesh_ideal.get("status") == "ok" else None
   return {
       "case": case.as_dict(),
       **data,
       "rows": rows,
       "ideal_ms": ideal_ms,
+      "ideal_all_devices_ms": mesh_ms,
       "ours": OURS,
       "ours_ms": ours.get("ms"),
       "efficiency": ours.get("efficiency"),
+      "efficiency_all_devices": (mesh_ms / ours["ms"]
+                                 if mesh_ms and ours.get("status") == "ok" else None),
       "speedup": ours.get("speedup_vs_best_baseline"),
       "best_baseline": best,
       "best_baseline_ms": best_ms,
@@ -878,6 +924,13 @@ def case_block(result: dict, index: int, total: int) -> str:
     ratio = lg.get("ratio")
     rs = f"ratio (xla/cutlass) {ratio:.2f}" if ratio else f"ratio n/a ({lg.get('note', '')})"
     lines.append(f"   local GEMM, stage {tuple(lg['stage_shape'])}: {xs}; {rs}")
+  mi = result.get("ideal_all_devices")
+  if mi:
+    lines.append(
+        f"   ideal on all {c['tp']} devices at once: " +
+        (f"{mi['ms']:.4f} ms; ours' efficiency against it "
+         f"{_fmt(result.get('efficiency_all_devices'), '.2f')}" if mi.get("status") == "ok"
+         else f"n/a ({mi.get('status')}: {mi.get('reason')})"))
   status = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["failures"])
   best = result["best_baseline"]
   lines.append(
@@ -890,10 +943,11 @@ def case_block(result: dict, index: int, total: int) -> str:
 def summary_table(results: list[dict]) -> str:
   """One line per case: ms of every implementation, then ours' TFLOP/s, efficiency, speedup."""
   head = (f"{'schedule':<8} {'M,K,N':<20} {'ideal':>9} {'ffi':>9} {'auto':>9} {'ref':>9} "
-          f"{'ring':>9} {'win.ein':>9} {'jit':>9} {'TFLOP/s':>8} {'eff':>5} {'speedup':>7} "
-          f"{'best':<15} {'rel.err':>8}  check")
+          f"{'ring':>9} {'win.ein':>9} {'jit':>9} {'TFLOP/s':>8} {'eff':>5} {'eff*':>5} "
+          f"{'speedup':>7} {'best':<15} {'rel.err':>8}  check")
   lines = ["times in ms per call (median); TFLOP/s per GPU and eff (ideal/ours) and speedup "
-           "(best baseline/ours) are for ffi (ours)", head, "-" * len(head)]
+           "(best baseline/ours) are for ffi (ours); eff* = the ideal run on every TP device at "
+           "once / ours", head, "-" * len(head)]
   notes: dict[str, int] = {}
   for r in results:
     c, rows = r["case"], r["rows"]
@@ -913,7 +967,7 @@ def summary_table(results: list[dict]) -> str:
     lines.append(
         f"{c['short']:<8} {shape:<20} {' '.join(cells)} "
         f"{_fmt_rate(ours.get('tflops_per_gpu')):>8} {_fmt(r['efficiency'], '.2f'):>5} "
-        f"{_fmt(r['speedup'], '.2f'):>7} {r['best_baseline'] or '-':<15} {err_s:>8}  "
+        f"{_fmt(r.get('efficiency_all_devices'), '.2f'):>5} {_fmt(r['speedup'], '.2f'):>7} {r['best_baseline'] or '-':<15} {err_s:>8}  "
         f"{'ok' if r['passed'] else 'FAIL'}")
   for why, mark in notes.items():
     lines.append(f"[{mark}] {why}")
