@@ -59,64 +59,22 @@ Key MakeKey(const GemmLaunch& g) {
              g.ops.batch_stride_b == 0};
 }
 
-// One tuning candidate and the best time seen for it (< 0: not timed yet; -2: cannot launch).
-struct Variant {
-  GemmConfig config;
-  int raster;
-  int swizzle;
-  float ms = -1.f;
-};
-
-GemmLaunch TrialLaunch(const GemmLaunch& g, const Variant& v) {
-  GemmLaunch t = g;
-  t.config = v.config;
-  t.raster = v.raster;
-  t.max_swizzle = v.swizzle;
-  t.sync = StageSync{};  // trial runs never wait or signal
-  t.pdl = false;
-  return t;
-}
-
-// Times every candidate `reps` times in interleaved rounds (round r of every candidate before
-// round r+1 of any) and keeps each one's best.  NOTE: clocks drift while tuning runs (the power
-// cap engages within the first launches of a large stage), and timing the candidates one after
-// another favoured whichever ran first: on 2x H200 the two devices picked different configs for
-// the seed's stage, and one ran 7% slower in the call than its tuning time (docs/performance.md).
-void TimeRounds(const GemmLaunch& g, std::vector<Variant>& vs, int reps, cudaStream_t stream,
-                cudaEvent_t start, cudaEvent_t stop) {
-  for (Variant& v : vs) {  // warm-up; also rejects configs that cannot run this shape
-    if (!LaunchGemm(TrialLaunch(g, v), stream).empty()) v.ms = -2.f;
+// Median-free "best of" timing of one variant; returns < 0 on failure.
+float TimeVariant(GemmLaunch g, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
+  g.sync = StageSync{};  // trial runs never wait or signal
+  g.pdl = false;
+  if (!LaunchGemm(g, stream).empty()) return -1.f;  // warm-up (also rejects unsupported)
+  float best = -1.f;
+  for (int rep = 0; rep < 2; ++rep) {
+    cudaEventRecord(start, stream);
+    if (!LaunchGemm(g, stream).empty()) return -1.f;
+    cudaEventRecord(stop, stream);
+    if (cudaEventSynchronize(stop) != cudaSuccess) return -1.f;
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, start, stop);
+    best = best < 0.f ? ms : std::min(best, ms);
   }
-  if (cudaStreamSynchronize(stream) != cudaSuccess) return;
-  for (int rep = 0; rep < reps; ++rep) {
-    for (Variant& v : vs) {
-      if (v.ms == -2.f) continue;
-      cudaEventRecord(start, stream);
-      if (!LaunchGemm(TrialLaunch(g, v), stream).empty()) {
-        v.ms = -2.f;
-        continue;
-      }
-      cudaEventRecord(stop, stream);
-      if (cudaEventSynchronize(stop) != cudaSuccess) return;
-      float ms = 0.f;
-      cudaEventElapsedTime(&ms, start, stop);
-      v.ms = v.ms < 0.f ? ms : std::min(v.ms, ms);
-    }
-  }
-}
-
-void LogVariants(const GemmLaunch& g, const std::vector<Variant>& vs) {
-  if (!LogTuning()) return;
-  for (const Variant& v : vs) {
-    std::fprintf(stderr,
-                 "jax_distgemm tune: device %d m=%lld n=%lld k=%lld l=%lld %s->%s%s: %s "
-                 "raster %s swizzle %d: %.4f ms (%.1f TFLOP/s)\n",
-                 g.device, static_cast<long long>(g.ops.m), static_cast<long long>(g.ops.n),
-                 static_cast<long long>(g.ops.k), static_cast<long long>(g.ops.batch),
-                 ElemName(g.ab_type), ElemName(g.d_type), g.ops.c ? " +C" : "",
-                 GemmConfigName(v.config), RasterName(v.raster), v.swizzle, v.ms,
-                 v.ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / v.ms : 0.0);
-  }
+  return best;
 }
 
 }  // namespace
@@ -155,34 +113,41 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
+  Choice best{configs[0], 1, 0, -1.f};
+  auto trial = [&](GemmConfig config, int raster, int swizzle) {
+    GemmLaunch t = g;
+    t.config = config;
+    t.max_swizzle = swizzle;
+    t.raster = raster;
+    const float ms = TimeVariant(t, stream, start, stop);
+    if (ms > 0.f && (best.ms < 0.f || ms < best.ms)) best = Choice{config, swizzle, raster, ms};
+    if (LogTuning()) {
+      std::fprintf(stderr,
+                   "jax_distgemm tune: device %d m=%lld n=%lld k=%lld l=%lld %s->%s%s: %s "
+                   "raster %s swizzle %d: %.4f ms (%.1f TFLOP/s)\n",
+                   g.device, static_cast<long long>(g.ops.m), static_cast<long long>(g.ops.n),
+                   static_cast<long long>(g.ops.k), static_cast<long long>(g.ops.batch),
+                   ElemName(g.ab_type), ElemName(g.d_type), g.ops.c ? " +C" : "",
+                   GemmConfigName(config), RasterName(raster), swizzle, ms,
+                   ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / ms : 0.0);
+    }
+    return ms;
+  };
   // NOTE: tuning runs inside a call while peers may already spin on this device's signals,
-  // so it must stay well inside the flag-wait timeout (5 s by default): every config
+  // so it must stay well inside the flag-wait timeout (5 s by default): every config once
   // (CUTLASS's raster heuristic, no swizzle), then both rasterizations (the heuristic picks
   // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
-  // two fastest configs, with those two again as they were: 7 + 18 variants, 3 launches each.
-  std::vector<Variant> first;
-  for (int i = 0; i < n; ++i) first.push_back(Variant{configs[i], 0, 1});
-  TimeRounds(g, first, 2, stream, start, stop);
-  LogVariants(g, first);
-  std::vector<Variant> ranked;
-  for (const Variant& v : first) {
-    if (v.ms > 0.f) ranked.push_back(v);
+  // two fastest configs only.  7 + 2 x 8 variants, 3 launches each.
+  std::vector<std::pair<float, GemmConfig>> first;
+  for (int i = 0; i < n; ++i) {
+    const float ms = trial(configs[i], 0, 1);
+    if (ms > 0.f) first.emplace_back(ms, configs[i]);
   }
-  std::sort(ranked.begin(), ranked.end(),
-            [](const Variant& a, const Variant& b) { return a.ms < b.ms; });
-  std::vector<Variant> second;
-  for (size_t i = 0; i < ranked.size() && i < 2; ++i) {
-    second.push_back(Variant{ranked[i].config, 0, 1});
+  std::sort(first.begin(), first.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < first.size() && i < 2; ++i) {
     for (int raster : {1, 2}) {
-      for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{ranked[i].config, raster, swizzle});
-    }
-  }
-  TimeRounds(g, second, 2, stream, start, stop);
-  LogVariants(g, second);
-  Choice best{configs[0], 1, 0, -1.f};
-  for (const Variant& v : second) {
-    if (v.ms > 0.f && (best.ms < 0.f || v.ms < best.ms)) {
-      best = Choice{v.config, v.swizzle, v.raster, v.ms};
+      for (int swizzle : {1, 2, 4, 8}) trial(first[i].second, raster, swizzle);
     }
   }
   cudaEventDestroy(start);

@@ -2,8 +2,8 @@
 //
 // The first time a stage shape (types, M, N, K, batch, source) is seen on a device, every
 // compiled config is timed on the real operands (events on the caller's stream, best of two
-// interleaved rounds), then the two fastest again, as they were and with each raster order x
-// swizzle; the fastest variant is cached for the process.  JAX_DISTGEMM_AUTOTUNE=0 disables
+// runs), then the two fastest again with each raster order x swizzle; the fastest variant is
+// cached for the process.  JAX_DISTGEMM_AUTOTUNE=0 disables
 // tuning (a fixed default is used); JAX_DISTGEMM_GEMM_CONFIG=<n> forces config n.
 #pragma once
 
@@ -15,8 +15,8 @@
 
 namespace jax_distgemm::cuda {
 
-// Sets g.config, g.raster and g.max_swizzle.  May run (and synchronize on) trial launches:
-// only call it where a trial GEMM may scribble on g.ops.d and nobody waits on this device yet.
+// Sets g.config, g.raster and g.max_swizzle.  May run (and synchronize on) trial launches: only call it
+// where a trial GEMM may scribble on g.ops.d and nobody waits on this device yet.
 std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream);
 
 // Tuned entries so far, one line each (for logs and the benchmark).
