@@ -42,9 +42,9 @@ def _summarize(records, calls_wanted: int) -> dict:
 
   Records of stage -1 are the handler's host time (steady clock): reported as the median time
   inside the handler and the median period between handler entries (host-bound when that
-  period is as long as a call's span plus gap).  "skew_us": median over calls of device d's
-  first CTA start minus the first device's (meaningful only if %globaltimer agrees across
-  GPUs, which the driver keeps close to the host's time).
+  period is as long as a call's span plus gap).  Offsets are per device: %globaltimer is not
+  synchronized across GPUs (2x H200: the "same" call's starts differed by up to 14 ms), so
+  devices are not placed on one time axis.
   """
   by_dev = collections.defaultdict(lambda: collections.defaultdict(list))
   host = collections.defaultdict(list)
@@ -54,7 +54,6 @@ def _summarize(records, calls_wanted: int) -> dict:
     elif start and end:
       by_dev[dev][call].append((stage, chunk, start, ready, end))
   out = {}
-  first_t0 = None
   for dev, calls in sorted(by_dev.items()):
     keys = sorted(calls)[-calls_wanted:]
     rows = collections.defaultdict(lambda: {"start": [], "ready": [], "end": []})
@@ -72,16 +71,11 @@ def _summarize(records, calls_wanted: int) -> dict:
         r["ready"].append((max(ready, start) - t0) / 1e3)
         r["end"].append((end - t0) / 1e3)
     med = lambda v: statistics.median(v) if v else None
-    t0s = {c: min(l[2] for l in calls[c]) for c in keys}
-    if first_t0 is None:
-      first_t0 = t0s
-    skew = [(t0s[c] - first_t0[c]) / 1e3 for c in keys if c in first_t0]
     h = host.get(dev, [])[-calls_wanted:]
     out[str(dev)] = {
         "calls": len(keys),
         "span_us": med(spans),
         "gap_us": med(gaps),
-        "skew_us": med(skew),
         "host_us": med([(e - b) / 1e3 for b, e in h]),
         "host_period_us": med([(h[i + 1][0] - h[i][0]) / 1e3 for i in range(len(h) - 1)]),
         "launches": [{"stage": s, "chunk": c, **{k: med(v) for k, v in r.items()}}
@@ -142,7 +136,7 @@ def report(variant: str, results: list[dict]) -> str:
     for dev, t in r["timeline"].items():
       f = lambda v: "n/a" if v is None else f"{v:.1f}"
       lines.append(f"    device {dev}: span {f(t['span_us'])} us, gap to next call "
-                   f"{f(t['gap_us'])} us, start skew {f(t.get('skew_us'))} us, host "
+                   f"{f(t['gap_us'])} us, host "
                    f"{f(t.get('host_us'))} us in the handler every "
                    f"{f(t.get('host_period_us'))} us ({t['calls']} calls)")
       for l in t["launches"]:
