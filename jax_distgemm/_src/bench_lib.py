@@ -635,24 +635,21 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
       rows["ideal"] = {"status": "pending"}
       entries.append(Timed("ideal", call, ideal_sets))
 
-  mesh_ideal_sets = None
-  if "ideal" in want and tp > 1:
-    xi, wi, oi = case.ideal_shapes()
-    ci = oi if case.beta != 0 else None
-    stacked = NamedSharding(mesh, P("tp"))
-    progress("ideal on every device: drawing inputs, compiling")
+    if tp > 1:  # the same per-device operands, stacked [TP, ...] over the mesh
+      stacked = NamedSharding(mesh, P("tp"))
+      progress("ideal on every device: drawing inputs, compiling")
 
-    def prep_mesh_ideal():
-      s = make_sets(jax.random.fold_in(key, 3), n_ideal, (tp,) + tuple(xi), (tp,) + tuple(wi),
-                    (tp,) + tuple(oi) if ci else None, dt, (stacked,) * 3)
-      return s, ideal_all_devices_fn(case, mesh).lower(*s[0]).compile()
+      def prep_mesh_ideal():
+        s = make_sets(jax.random.fold_in(key, 3), n_ideal, (tp,) + tuple(xi),
+                      (tp,) + tuple(wi), (tp,) + tuple(oi) if ci else None, dt, (stacked,) * 3)
+        return s, ideal_all_devices_fn(case, mesh).lower(*s[0]).compile()
 
-    got, fail = guarded(prep_mesh_ideal)
-    if fail:
-      data["ideal_all_devices"] = fail
-    else:
-      mesh_ideal_sets, call = got
-      entries.append(Timed("ideal_all_devices", call, mesh_ideal_sets))
+      got, fail = guarded(prep_mesh_ideal)
+      if fail:
+        data["ideal_all_devices"] = fail
+      else:
+        mesh_sets, call = got
+        entries.append(Timed("ideal_all_devices", call, mesh_sets))
 
   stage_sets = None
   if opts.local_gemm:
