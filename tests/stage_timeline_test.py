@@ -1,6 +1,7 @@
 """tools/stage_timeline.py's reduction of trace records to per-stage timelines (no GPU needed:
 the records are synthetic; the GPU run itself is in docs/performance.md)."""
 
+import argparse
 import os
 import sys
 
@@ -58,6 +59,20 @@ class SummarizeTest(absltest.TestCase):
     # last one: the report clamps it to the launch's start.
     t = stage_timeline._summarize([rec(1, 1, 0, 10, 5, 20)], 1)["0"]
     self.assertAlmostEqual(t["launches"][0]["ready"], 0.0)
+
+
+class CaseArgTest(absltest.TestCase):
+
+  def test_accepts_short_and_full_names(self):
+    for text in ("AG-RotA:8192,4096,4096", "ReduceScatter1D_TilingA_RotatingC:64,32,16"):
+      self.assertEqual(stage_timeline._case_arg(text), text)
+
+  def test_rejects_before_launch_naming_the_rule(self):
+    for text, needle in (("Nope:1,2,3", "schedule"), ("AG-RotA:1,2", "three integers"),
+                         ("AG-RotA:a,b,c", "three integers"),
+                         ("RS-TilA:8,3,8", "K=3 not divisible by TP=2")):
+      with self.assertRaisesRegex(argparse.ArgumentTypeError, needle, msg=text):
+        stage_timeline._case_arg(text)
 
 
 if __name__ == "__main__":

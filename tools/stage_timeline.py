@@ -37,6 +37,18 @@ def _parse_case(text: str):
   return bl.Case(bl.parse_schedule(short), m, k, n)
 
 
+def _case_arg(text: str) -> str:
+  """--cases entries are checked before any child starts (the children get the text)."""
+  try:
+    case = _parse_case(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: want SCHEDULE:M,K,N with a schedule name and three integers ({e})") from e
+  if (why := case.invalid_reason()) is not None:
+    raise argparse.ArgumentTypeError(f"{text!r}: {why}")
+  return text
+
+
 def _summarize(records, calls_wanted: int) -> dict:
   """Medians over calls of each launch's (start, ready, end) offsets, per device.
 
@@ -146,15 +158,16 @@ def report(variant: str, results: list[dict]) -> str:
 
 
 def main() -> None:
+  from jax_distgemm.bench import _positive_int  # the benchmark's own flag rule
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--cases", nargs="+", required=True, metavar="SCHED:M,K,N",
+  p.add_argument("--cases", nargs="+", required=True, metavar="SCHED:M,K,N", type=_case_arg,
                  help="e.g. AG-RotA:8192,4096,4096 (short or full schedule names)")
   p.add_argument("--variant", action="append", metavar="NAME:ENV=V[,ENV=V]",
                  help="environment overrides of one child run (repeatable; default: one "
                       "run with the defaults)")
-  p.add_argument("--repeats", type=int, default=9)
-  p.add_argument("--warmup", type=int, default=5)
-  p.add_argument("--traced-calls", type=int, default=50)
+  p.add_argument("--repeats", type=_positive_int, default=9)
+  p.add_argument("--warmup", type=_positive_int, default=5)
+  p.add_argument("--traced-calls", type=_positive_int, default=50)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", metavar="PATH")
   p.add_argument("--timeout", type=float, default=300.0, help="seconds per variant")
