@@ -73,6 +73,30 @@ const uint8_t* At(const void* base, int64_t elem_offset, ElemType t) {
   return static_cast<const uint8_t*>(base) + elem_offset * ElemSize(t);
 }
 
+// Operand setters: the first element, with the leading dimension and batch stride of `v`
+// (whose offset the caller has already applied).
+void SetA(GemmOperands& o, const void* first, const MatrixView& v) {
+  o.a = first;
+  o.lda = v.ld;
+  o.batch_stride_a = v.batch_stride;
+}
+void SetB(GemmOperands& o, const void* first, const MatrixView& v) {
+  o.b = first;
+  o.ldb = v.ld;
+  o.batch_stride_b = v.batch_stride;
+}
+void SetC(GemmOperands& o, const void* first, const MatrixView& v, float beta) {
+  o.c = first;
+  o.ldc = v.ld;
+  o.batch_stride_c = v.batch_stride;
+  o.beta = beta;
+}
+void SetD(GemmOperands& o, const void* first, const MatrixView& v) {
+  o.d = const_cast<void*>(first);
+  o.ldd = v.ld;
+  o.batch_stride_d = v.batch_stride;
+}
+
 // [begin, end) of chunk c of `extent` split in `chunks`, aligned to 128.
 void ChunkRange(int64_t extent, int chunks, int c, int64_t* begin, int64_t* end) {
   const int64_t size = RoundUp(static_cast<size_t>((extent + chunks - 1) / chunks), 128);
@@ -256,21 +280,10 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       const int64_t a_off = kRotA ? lo * p.xk : 0, b_off = kRotA ? 0 : lo;
       const int64_t d_off = kRotA ? lo * ov.ld : lo;
       if (kRotA) g.ops.m = hi - lo; else g.ops.n = hi - lo;
-      g.ops.a = kRotA ? At(rotating, a_off, p.in_type) : At(b.x, av.offset, p.in_type);
-      g.ops.lda = av.ld;
-      g.ops.batch_stride_a = av.batch_stride;
-      g.ops.b = kRotA ? At(b.w, bv.offset, p.in_type) : At(rotating, b_off, p.in_type);
-      g.ops.ldb = bv.ld;
-      g.ops.batch_stride_b = bv.batch_stride;
-      g.ops.d = const_cast<uint8_t*>(At(b.out, ov.offset + d_off, p.out_type));
-      g.ops.ldd = ov.ld;
-      g.ops.batch_stride_d = ov.batch_stride;
-      if (b.c != nullptr) {
-        g.ops.c = At(b.c, ov.offset + d_off, p.out_type);
-        g.ops.ldc = ov.ld;
-        g.ops.batch_stride_c = ov.batch_stride;
-        g.ops.beta = p.beta;
-      }
+      SetA(g.ops, kRotA ? At(rotating, a_off, p.in_type) : At(b.x, av.offset, p.in_type), av);
+      SetB(g.ops, kRotA ? At(b.w, bv.offset, p.in_type) : At(rotating, b_off, p.in_type), bv);
+      SetD(g.ops, At(b.out, ov.offset + d_off, p.out_type), ov);
+      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset + d_off, p.out_type), ov, p.beta);
       if (i > 0) {
         g.sync.wait_flag = me.flags + FlagIndex(i, c);
         g.sync.wait_epoch = epoch;
@@ -326,26 +339,16 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
       if (chunks > 1) ChunkRange(rows, chunks, c, &lo, &hi);
       GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
       g.ops.m = hi - lo;
-      g.ops.a = At(b.x, av.offset + lo * av.ld, p.in_type);
-      g.ops.lda = av.ld;
-      g.ops.batch_stride_a = av.batch_stride;
-      g.ops.b = At(b.w, bv.offset, p.in_type);
-      g.ops.ldb = bv.ld;
-      g.ops.batch_stride_b = bv.batch_stride;
+      SetA(g.ops, At(b.x, av.offset + lo * av.ld, p.in_type), av);
+      SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
       if (last) {
-        g.ops.d = const_cast<uint8_t*>(At(b.out, ov.offset + lo * ov.ld, p.out_type));
-        g.ops.ldd = ov.ld;
-        g.ops.batch_stride_d = ov.batch_stride;
+        SetD(g.ops, At(b.out, ov.offset + lo * ov.ld, p.out_type), ov);
       } else {
-        g.ops.d = send + lo * pv.ld * osz;
-        g.ops.ldd = pv.ld;
-        g.ops.batch_stride_d = pv.batch_stride;
+        SetD(g.ops, send + lo * pv.ld * osz, pv);
       }
       if (i > 0) {
-        g.ops.c = recv + lo * pv.ld * osz;  // the left neighbour's running sum, pushed here
-        g.ops.ldc = pv.ld;
-        g.ops.batch_stride_c = pv.batch_stride;
-        g.ops.beta = 1.f;
+        // The left neighbour's running sum, pushed here.
+        SetC(g.ops, recv + lo * pv.ld * osz, pv, 1.f);
         g.sync.wait_flag = me.flags + FlagIndex(i, c);
         g.sync.wait_epoch = epoch;
         g.sync.stage = i;
@@ -398,27 +401,16 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
     const bool last = i == tp - 1;
     GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
     const MatrixView av = p.AView(tile), bv = p.BView(tile);
-    g.ops.a = At(b.x, av.offset, p.in_type);
-    g.ops.lda = av.ld;
-    g.ops.batch_stride_a = av.batch_stride;
-    g.ops.b = At(b.w, bv.offset, p.in_type);
-    g.ops.ldb = bv.ld;
-    g.ops.batch_stride_b = bv.batch_stride;
+    SetA(g.ops, At(b.x, av.offset, p.in_type), av);
+    SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
     if (last) {
       const MatrixView ov = p.OutView(tile);
-      g.ops.d = const_cast<uint8_t*>(At(b.out, ov.offset, p.out_type));
-      g.ops.ldd = ov.ld;
-      g.ops.batch_stride_d = ov.batch_stride;
+      SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
     } else {
-      g.ops.d = Slot(store_to, p, epoch, i);
-      g.ops.ldd = pv.ld;
-      g.ops.batch_stride_d = pv.batch_stride;
+      SetD(g.ops, Slot(store_to, p, epoch, i), pv);
     }
     if (i > 0 && path != kRsCopyAdd) {
-      g.ops.c = Slot(load_from, p, epoch, i - 1);  // the left neighbour's running sum
-      g.ops.ldc = pv.ld;
-      g.ops.batch_stride_c = pv.batch_stride;
-      g.ops.beta = 1.f;
+      SetC(g.ops, Slot(load_from, p, epoch, i - 1), pv, 1.f);  // the left neighbour's running sum
       g.sync.wait_flag = me.flags + FlagIndex(i, 0);
       g.sync.wait_epoch = epoch;
       g.sync.stage = i;
