@@ -47,6 +47,9 @@ CUDA_HOST_SRCS = [
 ]
 CUDA_KERNEL_SRCS = [
     "cuda/combine_kernels.cu",
+    "cuda/sm90_fused_gemm_bf16_bf16_coop128x256.cu",
+    "cuda/sm90_fused_gemm_bf16_bf16_coop256x128_c2x1.cu",
+    "cuda/sm90_fused_gemm_bf16_bf16_pingpong128x128_c1x2.cu",
     "cuda/sm90_gemm_bf16_bf16_coop128x256.cu",
     "cuda/sm90_gemm_bf16_bf16_coop128x256_c1x1.cu",
     "cuda/sm90_gemm_bf16_bf16_coop128x256_c1x2.cu",
@@ -66,6 +69,7 @@ CUDA_HDRS = [
     "cuda/executor.h",
     "cuda/gemm_kernels.h",
     "cuda/peer_state.h",
+    "cuda/sm90_fused_gemm.cuh",
     "cuda/sm90_gemm.cuh",
     "cuda/stage_sync.h",
     "cuda/stage_sync_device.cuh",

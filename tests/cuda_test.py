@@ -181,6 +181,41 @@ class CudaStressTest(parameterized.TestCase):
                                  rtol=1e-3, atol=1e-1 * np.sqrt(y.size))
 
 
+class CudaFusedStagesTest(parameterized.TestCase):
+  """AllGather runs all stages in one fused grid by default; the stage path stays available."""
+
+  def tearDown(self):
+    ffi_modules.module_for("cuda").set_fused_stages(True)
+    super().tearDown()
+
+  @parameterized.product(
+      schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
+      fused=[True, False], with_c=[False, True], shape=["square", "tall"])
+  def test_fused_and_stage_paths_match_reference(self, schedule, fused, with_c, shape):
+    module = ffi_modules.module_for("cuda")
+    module.set_fused_stages(fused)
+    m, k, n = SHAPES[shape]
+    # A shape per case, so that each case tunes (and so lists) its own launches.
+    variant = 4 * (schedule == Schedule.AllGather1D_TilingCD_RotatingB) + 2 * with_c + fused
+    m += 16 * TP * variant
+    tuned_before = set(module.describe_tuning().splitlines())
+    x, w, _ = test_util.random_inputs(hash((schedule, fused, with_c)) % 2**31, (m, k), (k, n),
+                                      jnp.bfloat16)
+    c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), jnp.bfloat16)
+         if with_c else None)
+    alpha, beta = (0.5, -0.75) if with_c else (1.0, 0.0)
+    f, args = run_global(schedule, x, w, c, alpha=alpha, beta=beta)
+    ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
+    for rep in range(3):  # both parities of the slots and of the fused pointer tables
+      out = f(*args)
+      self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
+      self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
+    # The path taken shows in the tuning table: fused launches are tuned as such.
+    tuned = [line for line in module.describe_tuning().splitlines() if line not in tuned_before]
+    self.assertNotEmpty(tuned)
+    self.assertEqual([fused] * len(tuned), ["fused stages=2" in line for line in tuned], tuned)
+
+
 class CudaReliabilityTest(absltest.TestCase):
 
   def test_forced_timeout_reports_error_and_recovers(self):

@@ -65,4 +65,7 @@ NB_MODULE(_distgemm_cuda, m) {
       nb::arg("clear") = false);
   m.def("set_sync_check", &jax_distgemm::cuda::SetSyncCheck,
         "Synchronize after every call so that a timed-out wait fails that same call.");
+  m.def("set_fused_stages", &jax_distgemm::cuda::SetFuseStages,
+        "AllGather: run all stages of a call in one fused grid (default: on, unless "
+        "JAX_DISTGEMM_AG_FUSED=0) or one GEMM per stage.");
 }

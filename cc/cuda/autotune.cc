@@ -13,7 +13,8 @@
 namespace jax_distgemm::cuda {
 namespace {
 
-using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool>;
+// (device, A/B type, D type, has C, m, n, k, batch, B shared across the batch, fused stages)
+using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int>;
 struct Choice {
   GemmConfig config;
   int swizzle;
@@ -56,12 +57,13 @@ int ForcedConfig() {
 Key MakeKey(const GemmLaunch& g) {
   return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
              g.ops.c != nullptr, g.ops.m, g.ops.n, g.ops.k, g.ops.batch,
-             g.ops.batch_stride_b == 0};
+             g.ops.batch_stride_b == 0, g.fused.count};
 }
 
 // Median-free "best of" timing of one variant; returns < 0 on failure.
 float TimeVariant(GemmLaunch g, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
   g.sync = StageSync{};  // trial runs never wait or signal
+  for (const uint32_t*& flag : g.fused.wait_flag) flag = nullptr;
   g.pdl = false;
   if (!LaunchGemm(g, stream).empty()) return -1.f;  // warm-up (also rejects unsupported)
   float best = -1.f;
@@ -79,12 +81,21 @@ float TimeVariant(GemmLaunch g, cudaStream_t stream, cudaEvent_t start, cudaEven
 
 }  // namespace
 
+bool CanFuse(ElemType ab_type, ElemType d_type) {
+  GemmConfig configs[kNumGemmConfigs];
+  const int n = AvailableConfigs(ab_type, d_type, /*fused=*/true, configs, kNumGemmConfigs);
+  const int forced = ForcedConfig();
+  if (forced < 0) return n > 0;
+  return std::find(configs, configs + n, static_cast<GemmConfig>(forced)) != configs + n;
+}
+
 std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   GemmConfig configs[kNumGemmConfigs];
-  const int n = AvailableConfigs(g.ab_type, g.d_type, configs, kNumGemmConfigs);
+  const int n = AvailableConfigs(g.ab_type, g.d_type, g.fused.count > 0, configs,
+                                 kNumGemmConfigs);
   if (n == 0) {
-    return std::string("no stage GEMM compiled for ") + ElemName(g.ab_type) + " -> " +
-           ElemName(g.d_type);
+    return std::string("no ") + (g.fused.count > 0 ? "fused" : "stage") +
+           " GEMM compiled for " + ElemName(g.ab_type) + " -> " + ElemName(g.d_type);
   }
   const int forced = ForcedConfig();
   if (forced >= 0) {
@@ -171,7 +182,9 @@ std::string DescribeTuning() {
     s << "device " << std::get<0>(k) << " " << ElemName(static_cast<ElemType>(std::get<1>(k)))
       << "->" << ElemName(static_cast<ElemType>(std::get<2>(k)))
       << (std::get<3>(k) ? " +C" : "") << " m=" << std::get<4>(k) << " n=" << std::get<5>(k)
-      << " k=" << std::get<6>(k) << " l=" << std::get<7>(k) << ": " << GemmConfigName(c.config)
+      << " k=" << std::get<6>(k) << " l=" << std::get<7>(k);
+    if (std::get<9>(k) > 0) s << " fused stages=" << std::get<9>(k);
+    s << ": " << GemmConfigName(c.config)
       << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
       << " ms)\n";
   }

@@ -1,6 +1,6 @@
 // Per-shape choice of the stage GEMM kernel configuration.
 //
-// The first time a stage shape (types, M, N, K, batch, source) is seen on a device, every
+// The first time a stage shape (types, M, N, K, batch, source, fused stage count) is seen on a device, every
 // compiled config is timed on the real operands (events on the caller's stream, best of two
 // runs), then the two fastest again with each raster order x swizzle; the fastest variant is
 // cached for the process.  JAX_DISTGEMM_AUTOTUNE=0 disables
@@ -18,6 +18,10 @@ namespace jax_distgemm::cuda {
 // Sets g.config, g.raster and g.max_swizzle.  May run (and synchronize on) trial launches: only call it
 // where a trial GEMM may scribble on g.ops.d and nobody waits on this device yet.
 std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream);
+
+// Whether a fused (ptr-array) kernel is compiled for these types, and for the config that
+// JAX_DISTGEMM_GEMM_CONFIG forces, if any.
+bool CanFuse(ElemType ab_type, ElemType d_type);
 
 // Tuned entries so far, one line each (for logs and the benchmark).
 std::string DescribeTuning();

@@ -22,11 +22,13 @@ namespace {
 
 std::atomic<int> g_fault_device{-1};
 std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
+std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
 
-bool EnvFlag(const char* name) {
+bool EnvEquals(const char* name, const char* value) {
   const char* e = std::getenv(name);
-  return e != nullptr && std::string(e) == "1";
+  return e != nullptr && std::string(e) == value;
 }
+bool EnvFlag(const char* name) { return EnvEquals(name, "1"); }
 
 int EnvInt(const char* name) {
   const char* e = std::getenv(name);
@@ -49,9 +51,17 @@ int RsPathFromEnv() {
 bool SyncCheck() {
   int v = g_sync_check.load();
   if (v < 0) {
-    const char* e = std::getenv("JAX_DISTGEMM_SYNC_CHECK");
-    v = (e != nullptr && std::string(e) == "1") ? 1 : 0;
+    v = EnvFlag("JAX_DISTGEMM_SYNC_CHECK") ? 1 : 0;
     g_sync_check.store(v);
+  }
+  return v == 1;
+}
+
+bool FuseStages() {  // on unless JAX_DISTGEMM_AG_FUSED=0 or set_fused_stages(False)
+  int v = g_fuse_stages.load();
+  if (v < 0) {
+    v = EnvEquals("JAX_DISTGEMM_AG_FUSED", "0") ? 0 : 1;
+    g_fuse_stages.store(v);
   }
   return v == 1;
 }
@@ -122,9 +132,9 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.ag_chunks = ag_chunks;
   static const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS");  // copy_ring; 0: default
   if (rs_chunks > 0) options.rs_chunks = rs_chunks;
-  static const bool no_overlap = std::getenv("JAX_DISTGEMM_STAGE_OVERLAP") != nullptr &&
-                                 std::string(std::getenv("JAX_DISTGEMM_STAGE_OVERLAP")) == "0";
+  static const bool no_overlap = EnvEquals("JAX_DISTGEMM_STAGE_OVERLAP", "0");
   options.overlap_stages = !no_overlap;
+  options.fuse_stages = FuseStages();
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
                                            timeout_ms);
       !err.empty()) {
@@ -170,6 +180,7 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
 
 void SetCudaFaultDevice(int ordinal) { g_fault_device.store(ordinal); }
 void SetSyncCheck(bool on) { g_sync_check.store(on ? 1 : 0); }
+void SetFuseStages(bool on) { g_fuse_stages.store(on ? 1 : 0); }
 
 std::string ResetAll() {
   for (PeerGroup* g : AllPeerGroups()) {

@@ -12,6 +12,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCuda);
 // Test hooks and recovery (exposed by the nanobind module).
 void SetCudaFaultDevice(int ordinal);  // that device never signals peers; -1 disables
 void SetSyncCheck(bool on);            // synchronize after each call to report errors at once
+void SetFuseStages(bool on);           // AllGather: one fused grid per call (CallOptions)
 std::string ResetAll();                // drain, zero flags and epochs, clear sticky errors
 std::string PendingErrors();           // "" or the sticky error of any group
 

@@ -97,6 +97,25 @@ void SetD(GemmOperands& o, const void* first, const MatrixView& v) {
   o.batch_stride_d = v.batch_stride;
 }
 
+// The launch waits (StageSync) for stage `stage`, chunk `chunk` of call `epoch` to land in
+// this device's slots; `peer` is the rank that delivers it (named if the wait times out).
+void SetWait(StageSync& s, const DeviceState& me, int stage, int chunk, uint32_t epoch,
+             int peer) {
+  s.wait_flag = me.flags + FlagIndex(stage, chunk);
+  s.wait_epoch = epoch;
+  s.stage = stage;
+  s.peer = peer;
+}
+
+// Fused launches' pointer tables (FusedStages::table): two, alternating by call parity, at
+// the end of the GEMM scratch; CUTLASS's own workspace starts at its beginning.
+constexpr size_t kFusedTableBytes = kFusedTableEntries * sizeof(void*);
+constexpr size_t kCutlassWorkspaceBytes = PeerGroup::kGemmScratchBytes - 2 * kFusedTableBytes;
+void** FusedTable(const DeviceState& d, uint32_t epoch) {
+  return reinterpret_cast<void**>(static_cast<uint8_t*>(d.gemm_scratch) +
+                                  kCutlassWorkspaceBytes + (epoch & 1u) * kFusedTableBytes);
+}
+
 // [begin, end) of chunk c of `extent` split in `chunks`, aligned to 128.
 void ChunkRange(int64_t extent, int chunks, int c, int64_t* begin, int64_t* end) {
   const int64_t size = RoundUp(static_cast<size_t>((extent + chunks - 1) / chunks), 128);
@@ -202,8 +221,15 @@ GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions&
 // Tunes (first use of a shape), traces (JAX_DISTGEMM_TRACE=1) and enqueues one stage GEMM.
 std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage, int chunk) {
   if (std::string err = ChooseConfig(g, stream); !err.empty()) return err;
-  g.sync.trace = TraceReserve(g.device, epoch, stage, chunk);
-  if (GemmWorkspaceBytes(g) > PeerGroup::kGemmScratchBytes) {
+  if (g.fused.count > 0) {  // one record per fused stage
+    for (int s = 0; s < g.fused.count; ++s) {
+      g.fused.trace[s] = TraceReserve(g.device, epoch, s, chunk);
+    }
+    if (g.fused.trace[g.fused.count - 1] == nullptr) g.fused.trace[0] = nullptr;
+  } else {
+    g.sync.trace = TraceReserve(g.device, epoch, stage, chunk);
+  }
+  if (GemmWorkspaceBytes(g) > kCutlassWorkspaceBytes) {
     return "stage GEMM needs more CUTLASS workspace than reserved";
   }
   std::string err = LaunchGemm(g, stream);
@@ -267,6 +293,38 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
     }
   }
 
+  if (o.fuse_stages && tp > 1 && tp <= kMaxFusedStages && chunks == 1 && p.batch == 1 &&
+      CanFuse(p.in_type, p.out_type)) {
+    // All stages in one grid: stage i is batch i of a ptr-array GEMM and waits for its flag in
+    // the producer warp (sm90_fused_gemm.cuh).  Every stage has the same shape and pitches.
+    GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+    FusedStages& f = g.fused;
+    f.count = tp;
+    f.table = FusedTable(me, epoch);
+    for (int i = 0; i < tp; ++i) {
+      const int tile = Sched::OutputTile(rank, i, tp);
+      const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
+      const void* rotating = i == 0 ? shard : Slot(me, p, epoch, i - 1);
+      SetA(g.ops, kRotA ? rotating : At(b.x, av.offset, p.in_type), av);
+      SetB(g.ops, kRotA ? At(b.w, bv.offset, p.in_type) : rotating, bv);
+      SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
+      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
+      f.a[i] = g.ops.a;
+      f.b[i] = g.ops.b;
+      f.c[i] = g.ops.c;
+      f.d[i] = g.ops.d;
+      if (i > 0) {
+        f.wait_flag[i] = me.flags + FlagIndex(i, 0);
+        f.peer[i] = Sched::Source(rank, i, tp);
+      }
+    }
+    g.sync.wait_epoch = epoch;
+    if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
+    // XLA may reuse the shard's buffer once we return: the pushes must be done by then.
+    if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
+    return "";
+  }
+
   for (int i = 0; i < tp; ++i) {
     const int tile = Sched::OutputTile(rank, i, tp);
     const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
@@ -285,10 +343,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       SetD(g.ops, At(b.out, ov.offset + d_off, p.out_type), ov);
       if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset + d_off, p.out_type), ov, p.beta);
       if (i > 0) {
-        g.sync.wait_flag = me.flags + FlagIndex(i, c);
-        g.sync.wait_epoch = epoch;
-        g.sync.stage = i;
-        g.sync.peer = Sched::Source(rank, i, tp);
+        SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
       }
       // Every launch after the call's first writes its own rows or columns of out and reads
       // x, w and peers' slots only: it may run into the previous launch's tail.
@@ -349,10 +404,7 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
       if (i > 0) {
         // The left neighbour's running sum, pushed here.
         SetC(g.ops, recv + lo * pv.ld * osz, pv, 1.f);
-        g.sync.wait_flag = me.flags + FlagIndex(i, c);
-        g.sync.wait_epoch = epoch;
-        g.sync.stage = i;
-        g.sync.peer = Sched::Source(rank, i, tp);
+        SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
       }
       // Chunk GEMMs read x, w and (after its flag) their receive slot, and write their own
       // send-slot or out rows: none reads what the launch before it writes.
@@ -411,10 +463,7 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
     }
     if (i > 0 && path != kRsCopyAdd) {
       SetC(g.ops, Slot(load_from, p, epoch, i - 1), pv, 1.f);  // the left neighbour's running sum
-      g.sync.wait_flag = me.flags + FlagIndex(i, 0);
-      g.sync.wait_epoch = epoch;
-      g.sync.stage = i;
-      g.sync.peer = Sched::Source(rank, i, tp);
+      SetWait(g.sync, me, i, 0, epoch, Sched::Source(rank, i, tp));
       if (!o.skip_signals) {
         g.sync.signal_flag = next.flags + FlagIndex(i, 0);  // my stage i-1 output is complete
         g.sync.signal_epoch = epoch;
@@ -442,13 +491,10 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
   }
   if (path == kRsCopyAdd) {
     StageSync sync;
-    sync.wait_flag = me.flags + FlagIndex(1, 0);
-    sync.wait_epoch = epoch;
     sync.timeout_ns = static_cast<uint64_t>(o.timeout_ms) * 1000000ull;
     sync.error = group.error();
     sync.rank = rank;
-    sync.stage = 1;
-    sync.peer = Sched::Source(rank, 1, tp);
+    SetWait(sync, me, 1, 0, epoch, Sched::Source(rank, 1, tp));
     if (std::string err = LaunchAddInPlace(p.out_type, b.out, Slot(me, p, epoch, 1),
                                            p.OutElems(), sync, me.sm_count, stream);
         !err.empty()) {

@@ -35,6 +35,10 @@ struct CallOptions {
   // as soon as they are resident (StageSync::overlap_previous); JAX_DISTGEMM_STAGE_OVERLAP=0
   // makes every launch wait for the previous one to finish first.
   bool overlap_stages = true;
+  // AllGather: all stages of a call in one persistent grid (sm90_fused_gemm.cuh) where a fused
+  // kernel is compiled for the types and the call has one batch and one chunk per stage;
+  // JAX_DISTGEMM_AG_FUSED=0 (or set_fused_stages(False)) launches one GEMM per stage.
+  bool fuse_stages = true;
 };
 
 // ReduceScatter data paths.  kRemoteC: the running sum stays in its producer's slot and the

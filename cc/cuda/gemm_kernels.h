@@ -44,12 +44,37 @@ struct GemmOperands {
   float alpha = 1.f, beta = 0.f;
 };
 
+// A fused launch (FusedStageKernel, sm90_fused_gemm.cuh): `count` stage GEMMs of one shape in
+// one persistent grid, stage s on its own operands.  Every CTA first publishes the pointers
+// below into `table` (device memory: kMaxFusedStages entries each of A, B, C, D; the caller
+// alternates two tables by call parity); the CUTLASS ptr-array kernel reads them from there.
+// A CTA's producer warp waits for *wait_flag[s] >= StageSync::wait_epoch before it loads
+// stage s's first tile (nullptr: stage s needs no wait).
+inline constexpr int kMaxFusedStages = 8;
+// FusedStages::table: the A, B, C, D pointers of stage s at s, S + s, 2S + s, 3S + s.
+inline constexpr int kFusedTableEntries = 4 * kMaxFusedStages;
+struct FusedStages {
+  int count = 0;  // 0: an ordinary stage launch (GemmOperands' pointers)
+  const void* a[kMaxFusedStages] = {};
+  const void* b[kMaxFusedStages] = {};
+  const void* c[kMaxFusedStages] = {};  // all nullptr or none (GemmOperands::c says which)
+  void* d[kMaxFusedStages] = {};
+  const uint32_t* wait_flag[kMaxFusedStages] = {};
+  int32_t peer[kMaxFusedStages] = {};  // rank that signals wait_flag[s], for the error record
+  void** table = nullptr;  // kFusedTableEntries entries
+  // JAX_DISTGEMM_TRACE=1: stage s's record (stage_trace.h), else nullptr.  Fused stages stamp
+  // start = first CTA (producer warp) to reach stage s, ready = last CTA past its wait for
+  // stage s, end = last CTA to move on from stage s (for the last stage: to finish).
+  uint64_t* trace[kMaxFusedStages] = {};
+};
+
 struct GemmLaunch {
   GemmConfig config = GemmConfig::kCoop128x256_C2x1;
   ElemType ab_type = ElemType::kBF16;
   ElemType d_type = ElemType::kBF16;  // C, when present, has D's type
-  GemmOperands ops;
+  GemmOperands ops;  // shape, leading dims, alpha/beta; pointers unless fused.count > 0
   StageSync sync;
+  FusedStages fused;
   int device = 0;
   int sm_count = 0;
   int max_swizzle = 1;
@@ -66,15 +91,17 @@ struct GemmEntry {
   GemmConfig config;
   ElemType ab_type, d_type;
   bool has_c;
+  bool fused;  // FusedStageKernel (ptr-array) rather than StageKernel
   std::string (*launch)(const GemmLaunch&, cudaStream_t);
   size_t (*workspace_bytes)(const GemmLaunch&);
   std::string (*prepare)();
 };
 
-// The compiled kernel for (config, ab_type, d_type, has_c), or nullptr.
-const GemmEntry* FindGemm(GemmConfig config, ElemType ab_type, ElemType d_type, bool has_c);
-// Configs compiled for (ab_type, d_type), fastest-first by default preference.
-int AvailableConfigs(ElemType ab_type, ElemType d_type, GemmConfig* out, int max);
+// The compiled kernel for (config, ab_type, d_type, has_c, fused), or nullptr.
+const GemmEntry* FindGemm(GemmConfig config, ElemType ab_type, ElemType d_type, bool has_c,
+                          bool fused);
+// Configs compiled for (ab_type, d_type, fused), fastest-first by default preference.
+int AvailableConfigs(ElemType ab_type, ElemType d_type, bool fused, GemmConfig* out, int max);
 
 // Enqueues one stage on `stream`.  Returns "" or an error message.
 std::string LaunchGemm(const GemmLaunch& launch, cudaStream_t stream);

@@ -15,6 +15,9 @@ void AddGemms_bf16_bf16_coop128x256_c1x1(std::vector<GemmEntry>* out);
 void AddGemms_bf16_f32_coop128x256(std::vector<GemmEntry>* out);
 void AddGemms_f16_f16_coop128x256(std::vector<GemmEntry>* out);
 void AddGemms_f16_f32_coop128x256(std::vector<GemmEntry>* out);
+void AddFusedGemms_bf16_bf16_coop128x256(std::vector<GemmEntry>* out);
+void AddFusedGemms_bf16_bf16_coop256x128_c2x1(std::vector<GemmEntry>* out);
+void AddFusedGemms_bf16_bf16_pingpong128x128_c1x2(std::vector<GemmEntry>* out);
 
 namespace {
 
@@ -31,6 +34,9 @@ const std::vector<GemmEntry>& Registry() {
     AddGemms_bf16_f32_coop128x256(e);
     AddGemms_f16_f16_coop128x256(e);
     AddGemms_f16_f32_coop128x256(e);
+    AddFusedGemms_bf16_bf16_coop128x256(e);
+    AddFusedGemms_bf16_bf16_coop256x128_c2x1(e);
+    AddFusedGemms_bf16_bf16_pingpong128x128_c1x2(e);
     return e;
   }();
   return *entries;
@@ -51,34 +57,41 @@ const char* GemmConfigName(GemmConfig c) {
   return "?";
 }
 
-const GemmEntry* FindGemm(GemmConfig config, ElemType ab_type, ElemType d_type, bool has_c) {
+const GemmEntry* FindGemm(GemmConfig config, ElemType ab_type, ElemType d_type, bool has_c,
+                          bool fused) {
   for (const GemmEntry& e : Registry()) {
-    if (e.config == config && e.ab_type == ab_type && e.d_type == d_type && e.has_c == has_c) {
+    if (e.config == config && e.ab_type == ab_type && e.d_type == d_type && e.has_c == has_c &&
+        e.fused == fused) {
       return &e;
     }
   }
   return nullptr;
 }
 
-int AvailableConfigs(ElemType ab_type, ElemType d_type, GemmConfig* out, int max) {
+int AvailableConfigs(ElemType ab_type, ElemType d_type, bool fused, GemmConfig* out, int max) {
   int n = 0;
   for (const GemmEntry& e : Registry()) {
-    if (e.ab_type == ab_type && e.d_type == d_type && !e.has_c && n < max) out[n++] = e.config;
+    if (e.ab_type == ab_type && e.d_type == d_type && !e.has_c && e.fused == fused && n < max) {
+      out[n++] = e.config;
+    }
   }
   return n;
 }
 
 std::string LaunchGemm(const GemmLaunch& g, cudaStream_t stream) {
-  const GemmEntry* e = FindGemm(g.config, g.ab_type, g.d_type, g.ops.c != nullptr);
+  const GemmEntry* e = FindGemm(g.config, g.ab_type, g.d_type, g.ops.c != nullptr,
+                                g.fused.count > 0);
   if (e == nullptr) {
-    return std::string("no stage GEMM compiled for ") + ElemName(g.ab_type) + " -> " +
-           ElemName(g.d_type) + " with " + GemmConfigName(g.config);
+    return std::string("no ") + (g.fused.count > 0 ? "fused" : "stage") + " GEMM compiled for " +
+           ElemName(g.ab_type) + " -> " + ElemName(g.d_type) + " with " +
+           GemmConfigName(g.config);
   }
   return e->launch(g, stream);
 }
 
 size_t GemmWorkspaceBytes(const GemmLaunch& g) {
-  const GemmEntry* e = FindGemm(g.config, g.ab_type, g.d_type, g.ops.c != nullptr);
+  const GemmEntry* e = FindGemm(g.config, g.ab_type, g.d_type, g.ops.c != nullptr,
+                                g.fused.count > 0);
   return e == nullptr ? 0 : e->workspace_bytes(g);
 }
 

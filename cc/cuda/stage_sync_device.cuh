@@ -47,27 +47,34 @@ __device__ __forceinline__ void TraceMin(uint64_t* word) {
   atomicMax(reinterpret_cast<unsigned long long*>(word), ~GlobalTimerNs());
 }
 
-// Spins until the flag reaches the epoch or the timeout passes.  Returns true on arrival; on
-// timeout the first waiter of the group fills the ErrorRecord.
-__device__ __forceinline__ bool WaitFlag(const StageSync& s) {
+// Spins until *flag reaches `epoch` or `timeout_ns` passes.  Returns true on arrival; on
+// timeout the first waiter of the group fills the ErrorRecord (rank, stage, peer name it).
+__device__ __forceinline__ bool WaitFlagUntil(const uint32_t* flag, uint32_t epoch,
+                                              uint64_t timeout_ns, ErrorRecord* error,
+                                              int32_t rank, int32_t stage, int32_t peer) {
   const uint64_t start = GlobalTimerNs();
-  uint32_t v = LoadAcquireSys(s.wait_flag);
-  while (static_cast<int32_t>(v - s.wait_epoch) < 0) {
-    if (GlobalTimerNs() - start > s.timeout_ns) {
-      if (s.error != nullptr && atomicCAS_system(&s.error->code, 0u, 1u) == 0u) {
-        s.error->rank = s.rank;
-        s.error->stage = s.stage;
-        s.error->peer = s.peer;
-        s.error->expected = s.wait_epoch;
-        s.error->observed = v;
+  uint32_t v = LoadAcquireSys(flag);
+  while (static_cast<int32_t>(v - epoch) < 0) {
+    if (GlobalTimerNs() - start > timeout_ns) {
+      if (error != nullptr && atomicCAS_system(&error->code, 0u, 1u) == 0u) {
+        error->rank = rank;
+        error->stage = stage;
+        error->peer = peer;
+        error->expected = epoch;
+        error->observed = v;
         __threadfence_system();
       }
       return false;
     }
     __nanosleep(100);
-    v = LoadAcquireSys(s.wait_flag);
+    v = LoadAcquireSys(flag);
   }
   return true;
+}
+
+__device__ __forceinline__ bool WaitFlag(const StageSync& s) {
+  return WaitFlagUntil(s.wait_flag, s.wait_epoch, s.timeout_ns, s.error, s.rank, s.stage,
+                       s.peer);
 }
 
 }  // namespace jax_distgemm::cuda
