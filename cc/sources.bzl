@@ -48,6 +48,7 @@ CUDA_HOST_SRCS = [
 CUDA_KERNEL_SRCS = [
     "cuda/combine_kernels.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop128x256.cu",
+    "cuda/sm90_fused_gemm_bf16_bf16_coop128x256_c1x1.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop256x128_c2x1.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_pingpong128x128_c1x2.cu",
     "cuda/sm90_gemm_bf16_bf16_coop128x256.cu",

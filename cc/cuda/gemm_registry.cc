@@ -16,6 +16,7 @@ void AddGemms_bf16_f32_coop128x256(std::vector<GemmEntry>* out);
 void AddGemms_f16_f16_coop128x256(std::vector<GemmEntry>* out);
 void AddGemms_f16_f32_coop128x256(std::vector<GemmEntry>* out);
 void AddFusedGemms_bf16_bf16_coop128x256(std::vector<GemmEntry>* out);
+void AddFusedGemms_bf16_bf16_coop128x256_c1x1(std::vector<GemmEntry>* out);
 void AddFusedGemms_bf16_bf16_coop256x128_c2x1(std::vector<GemmEntry>* out);
 void AddFusedGemms_bf16_bf16_pingpong128x128_c1x2(std::vector<GemmEntry>* out);
 
@@ -35,6 +36,7 @@ const std::vector<GemmEntry>& Registry() {
     AddGemms_f16_f16_coop128x256(e);
     AddGemms_f16_f32_coop128x256(e);
     AddFusedGemms_bf16_bf16_coop128x256(e);
+    AddFusedGemms_bf16_bf16_coop128x256_c1x1(e);
     AddFusedGemms_bf16_bf16_coop256x128_c2x1(e);
     AddFusedGemms_bf16_bf16_pingpong128x128_c1x2(e);
     return e;
