@@ -216,9 +216,6 @@ struct FusedStageGemm {
     StrideC stride_c = make_stride(o.ldc, Int<1>{}, int64_t{0});
     StrideD stride_d = make_stride(o.ldd, Int<1>{}, int64_t{0});
     void** t = f.table;
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = g.device;
-    hw.sm_count = g.sm_count;
     Arguments args{};
     args.mode = cutlass::gemm::GemmUniversalMode::kArray;
     args.problem_shape = {{static_cast<int>(o.m), static_cast<int>(o.n), static_cast<int>(o.k),
@@ -245,12 +242,8 @@ struct FusedStageGemm {
     args.epilogue.dC = stride_c;
     args.epilogue.ptr_D = static_cast<ElementD**>(static_cast<void*>(t + 3 * kMaxFusedStages));
     args.epilogue.dD = stride_d;
-    args.hw_info = hw;
-    args.scheduler.max_swizzle_size = g.max_swizzle;
-    using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.raster_order = g.raster == 1   ? RasterOrderOptions::AlongM
-                                  : g.raster == 2 ? RasterOrderOptions::AlongN
-                                                  : RasterOrderOptions::Heuristic;
+    args.hw_info = HardwareInfo(g);
+    SetSchedulerArguments(g, args.scheduler);
     return args;
   }
 
@@ -280,21 +273,10 @@ struct FusedStageGemm {
     params.pointers.count = f.count;
     params.table = f.table;
     params.trace_last = f.trace[f.count - 1];
-    cutlass::Status st = Adapter::run(params, stream, nullptr, g.pdl);
-    if (st != cutlass::Status::kSuccess) {
-      return std::string("CUTLASS launch failed: ") + cutlass::cutlassGetStatusString(st) +
-             " / " + cudaGetErrorString(cudaGetLastError());
-    }
-    return "";
+    return RunKernel<Adapter>(params, g, stream);
   }
 
-  static std::string Prepare() {
-    const int smem = static_cast<int>(Kernel::SharedStorageSize);
-    cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
-    return "";
-  }
+  static std::string Prepare() { return PrepareKernel<Kernel>(); }
 };
 
 }  // namespace jax_distgemm::cuda

@@ -196,6 +196,42 @@ struct StageKernel : GemmKernel_ {
 
 // -- Host launch ----------------------------------------------------------------------------------
 
+// Helpers shared with FusedStageGemm (sm90_fused_gemm.cuh).
+inline cutlass::KernelHardwareInfo HardwareInfo(const GemmLaunch& g) {
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = g.device;
+  hw.sm_count = g.sm_count;
+  return hw;
+}
+
+template <class SchedulerArguments>
+void SetSchedulerArguments(const GemmLaunch& g, SchedulerArguments& s) {
+  s.max_swizzle_size = g.max_swizzle;
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  s.raster_order = g.raster == 1   ? RasterOrderOptions::AlongM
+                   : g.raster == 2 ? RasterOrderOptions::AlongN
+                                   : RasterOrderOptions::Heuristic;
+}
+
+template <class Adapter, class Params>
+std::string RunKernel(Params& params, const GemmLaunch& g, cudaStream_t stream) {
+  cutlass::Status st = Adapter::run(params, stream, nullptr, g.pdl);
+  if (st != cutlass::Status::kSuccess) {
+    return std::string("CUTLASS launch failed: ") + cutlass::cutlassGetStatusString(st) + " / " +
+           cudaGetErrorString(cudaGetLastError());
+  }
+  return "";
+}
+
+template <class Kernel>
+std::string PrepareKernel() {
+  const int smem = static_cast<int>(Kernel::SharedStorageSize);
+  cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+  return "";
+}
+
 template <GemmConfig kConfig, class ElementAB, class ElementD, bool kHasC>
 struct StageGemm {
   using Gemm = Sm90Gemm<kConfig, ElementAB, ElementD, kHasC>;
@@ -214,9 +250,6 @@ struct StageGemm {
     StrideB stride_b = make_stride(Int<1>{}, o.ldb, o.batch_stride_b);
     StrideC stride_c = make_stride(o.ldc, Int<1>{}, o.batch_stride_c);
     StrideD stride_d = make_stride(o.ldd, Int<1>{}, o.batch_stride_d);
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = g.device;
-    hw.sm_count = g.sm_count;
     Arguments args{};
     args.mode = o.batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched
                             : cutlass::gemm::GemmUniversalMode::kGemm;
@@ -232,12 +265,8 @@ struct StageGemm {
     args.epilogue.dC = stride_c;
     args.epilogue.ptr_D = static_cast<ElementD*>(o.d);
     args.epilogue.dD = stride_d;
-    args.hw_info = hw;
-    args.scheduler.max_swizzle_size = g.max_swizzle;
-    using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.raster_order = g.raster == 1   ? RasterOrderOptions::AlongM
-                                  : g.raster == 2 ? RasterOrderOptions::AlongN
-                                                  : RasterOrderOptions::Heuristic;
+    args.hw_info = HardwareInfo(g);
+    SetSchedulerArguments(g, args.scheduler);
     return args;
   }
 
@@ -253,21 +282,10 @@ struct StageGemm {
     }
     typename Kernel::Params params{BaseKernel::to_underlying_arguments(args, g.workspace),
                                    g.sync};
-    cutlass::Status st = Adapter::run(params, stream, nullptr, g.pdl);
-    if (st != cutlass::Status::kSuccess) {
-      return std::string("CUTLASS launch failed: ") + cutlass::cutlassGetStatusString(st) +
-             " / " + cudaGetErrorString(cudaGetLastError());
-    }
-    return "";
+    return RunKernel<Adapter>(params, g, stream);
   }
 
-  static std::string Prepare() {
-    const int smem = static_cast<int>(Kernel::SharedStorageSize);
-    cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
-    return "";
-  }
+  static std::string Prepare() { return PrepareKernel<Kernel>(); }
 };
 
 }  // namespace jax_distgemm::cuda
