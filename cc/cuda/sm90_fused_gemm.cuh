@@ -186,8 +186,8 @@ struct FusedStageKernel : GemmKernel_ {
     __syncthreads();
     Base gemm;
     gemm(params.base, smem);
-    // The stages this CTA's producer never reached (and the last) end with the CTA; every warp
-    // stamps (warp-specialized roles finish at different times).
+    // The last stage ends with the CTA; every warp stamps (warp-specialized roles finish at
+    // different times).  Earlier stages' ends are stamped as producers move on (mainloop above).
     if (params.trace_last != nullptr && threadIdx.x % 32 == 0) TraceMax(&params.trace_last[2]);
   }
 };

@@ -6,7 +6,9 @@
 //   end    the last CTA finished
 //
 // in a per-device buffer of kTraceCapacity records, allocated at the group's setup (when no
-// kernel of ours runs).  Host code only; the stamps are written by StageKernel (sm90_gemm.cuh).
+// kernel of ours runs).  Host code only; the stamps are written by StageKernel (sm90_gemm.cuh)
+// and, one record per stage, by the fused AllGather grid (sm90_fused_gemm.cuh), where start is
+// the first CTA to reach the stage and end the last CTA to move on from it (FusedStages::trace).
 #pragma once
 
 #include <cstdint>

@@ -964,7 +964,8 @@ def summary_table(results: list[dict]) -> str:
     lines.append(
         f"{c['short']:<8} {shape:<20} {' '.join(cells)} "
         f"{_fmt_rate(ours.get('tflops_per_gpu')):>8} {_fmt(r['efficiency'], '.2f'):>5} "
-        f"{_fmt(r.get('efficiency_all_devices'), '.2f'):>5} {_fmt(r['speedup'], '.2f'):>7} {r['best_baseline'] or '-':<15} {err_s:>8}  "
+        f"{_fmt(r.get('efficiency_all_devices'), '.2f'):>5} {_fmt(r['speedup'], '.2f'):>7} "
+        f"{r['best_baseline'] or '-':<15} {err_s:>8}  "
         f"{'ok' if r['passed'] else 'FAIL'}")
   for why, mark in notes.items():
     lines.append(f"[{mark}] {why}")
