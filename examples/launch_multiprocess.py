@@ -96,7 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--checks", default=",".join(CHECKS),
                  help="comma-separated subset of: " + ", ".join(CHECKS))
   p.add_argument("--call-timeout-ms", type=int, default=None,
-                 help="timeout_ms of every distgemm call (default: JAX_DISTGEMM_TIMEOUT_MS/5000)")
+                 help="timeout_ms of every distgemm call (default: JAX_DISTGEMM_TIMEOUT_MS/30000)")
   p.add_argument("--timeout", type=float, default=120.0,
                  help="seconds for the whole job; workers are killed after (default 120)")
   p.add_argument("--fault", default=None, help="P:I[:PHASE] (test hook, see the docstring)")

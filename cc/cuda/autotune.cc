@@ -145,7 +145,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
     return ms;
   };
   // NOTE: tuning runs inside a call while peers may already spin on this device's signals,
-  // so it must stay well inside the flag-wait timeout (5 s by default): every config once
+  // so it must stay well inside the flag-wait timeout (30 s by default): every config once
   // (CUTLASS's raster heuristic, no swizzle), then both rasterizations (the heuristic picks
   // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
   // two fastest configs only.  7 + 2 x 8 variants, 3 launches each.

@@ -21,7 +21,7 @@ struct CallBuffers {
 };
 
 struct CallOptions {
-  int64_t timeout_ms = 5000;
+  int64_t timeout_ms = 30000;
   bool skip_signals = false;  // fault injection (tests): never deliver to peers
   bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
   // Overrides of the per-shape choices (executor.cc, ChooseRsPath / AgChunks); from the

@@ -135,7 +135,7 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     alpha, beta: static scalars of out = alpha * x @ w + beta * c.
     out_dtype: output dtype (bfloat16, float16 or float32); default x.dtype.
     implementation: "ffi", "xla", "reference" or None (see the module docstring).
-    timeout_ms: bound on every wait for a peer; default JAX_DISTGEMM_TIMEOUT_MS or 5000.
+    timeout_ms: bound on every wait for a peer; default JAX_DISTGEMM_TIMEOUT_MS or 30000.
 
   Returns:
     The local shard of the output.  Differentiable (reverse mode): the backward runs the dual

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 
-_DEFAULT_TIMEOUT_MS = 5000
+# 30 s: long enough that a peer delayed by a loaded host (8 fake CPU devices on a 2-core CI box,
+# a process still compiling) is not an error, and below XLA:CPU's own 40 s bound on its
+# collectives, so a real hang names our call before XLA terminates the process.
+_DEFAULT_TIMEOUT_MS = 30000
 _DEFAULT_MAX_WORKSPACE_MB = 8192
 
 
 def default_timeout_ms() -> int:
   """Bound on every wait for a peer (GPU flag spin or host rendezvous), in milliseconds.
 
-  JAX_DISTGEMM_TIMEOUT_MS overrides the default of 5000.
+  JAX_DISTGEMM_TIMEOUT_MS overrides the default of 30000.
   """
   value = os.environ.get("JAX_DISTGEMM_TIMEOUT_MS")
   if value is None:
