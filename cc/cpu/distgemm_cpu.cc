@@ -1,4 +1,5 @@
-// CPU executor.  Every device's handler runs on its own XLA thread (docs/design.md, "Probe");
+// CPU executor.  XLA calls every device's handler (docs/design.md, "Probe"), which hands the
+// call to a thread of its own and returns a future (DistGemmCpuImpl says why); those threads of
 // the TP handlers of one call meet in an Exchange, expose what peers read (a copy of the
 // rotating shard, or the running sums), and then run the schedule stage by stage, reading
 // peers' buffers in place.  The Exchange is a host Session when the whole TP group is in this
@@ -21,6 +22,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "cc/common/device_ids.h"
@@ -144,82 +147,147 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
                    timeout);
 }
 
-ffi::Error DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
-                           ffi::AnyBuffer w, ffi::AnyBuffer c,
-                           ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
-                           ffi::Span<const int64_t> groups, float alpha, float beta,
-                           int64_t call_id, int64_t timeout_ms) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
+// The schedule of one call, run to completion on its own thread (see DistGemmCpuImpl):
+// JoinSession/ShmExchange::Join, then RunAllGather/RunReduceScatter.  Owns copies of everything
+// it reads from the handler's frame; the buffers stay valid until the call's future completes.
+struct CpuCall {
   Problem p;
-  if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
-  const int64_t device_id = GlobalDeviceId(kPlatformCpu, device_ordinal);
-  int rank = -1, group = -1;
-  if (auto err = LocateDevice(attrs, device_id, &rank, &group); err.failure()) return err;
-  const void* cptr = p.has_c ? c.untyped_data() : nullptr;
-  const auto timeout = std::chrono::milliseconds(timeout_ms);
+  int rank = -1;
+  int64_t device_id = -1;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* c = nullptr;
+  void* out = nullptr;
+  std::chrono::milliseconds timeout{0};
+  // In-process meeting: the session key.  Cross-process: the channel and its occurrence.
+  bool cross_process = false;
+  std::string session_key;
+  std::vector<int64_t> members;
+  int64_t call_id = 0;
+  int64_t occurrence = 0;
 
-  // Runs the schedule through `ex`; "" or a timeout message (other failures throw).
-  auto run = [&](Exchange& ex) -> std::string {
+  // "" or a timeout message (other failures throw).
+  std::string RunSchedule(Exchange& ex) const {
     return VisitSchedule(p.schedule, [&](auto sched) {
       using S = decltype(sched);
       if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
                     S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
-        return RunAllGather<S>(p, rank, device_id, ex, x.untyped_data(), w.untyped_data(),
-                               cptr, out->untyped_data(), timeout);
+        return RunAllGather<S>(p, rank, device_id, ex, x, w, c, out, timeout);
       } else {
-        return RunReduceScatter<S>(p, rank, device_id, ex, x.untyped_data(),
-                                   w.untyped_data(), cptr, out->untyped_data(), timeout);
+        return RunReduceScatter<S>(p, rank, device_id, ex, x, w, c, out, timeout);
       }
     });
-  };
+  }
 
-  const std::vector<int64_t> members(groups.begin() + static_cast<int64_t>(group) * tp,
-                                     groups.begin() + static_cast<int64_t>(group + 1) * tp);
-  const bool cross_process = std::any_of(members.begin(), members.end(), [](int64_t id) {
-    return !IsLocalDeviceId(kPlatformCpu, id);
-  });
-  std::string err;
-  try {
-    if (!cross_process) {
-      if (Faulty(device_id, -1)) return ffi::Error::Success();  // test hook
-      std::ostringstream key;
-      key << run_id.run_id << "/" << call_id << "/"
-          << NextOccurrence(device_id, run_id.run_id, call_id) << "/" << group;
-      std::shared_ptr<Session> session = JoinSession(key.str(), static_cast<int>(tp));
-      SessionExchange ex(*session);
-      err = run(ex);
-    } else {
-      // RunIds differ between processes: the channel (group, call_id) and its occurrence on
-      // this device key the meeting (docs/design.md, "Multi-process (CPU)").
-      if (ShmJobToken().empty()) {
-        return InvalidArgument(
-            "device " + std::to_string(device_id) + ": the TP group of this call spans "
-            "processes; call jax_distgemm.initialize_multiprocess() after "
-            "jax.distributed.initialize() in every process, or use implementation='xla'");
+  ffi::Error Run() const {
+    const std::string where = "CPU executor, device " + std::to_string(device_id) + ": ";
+    std::string err;
+    try {
+      if (!cross_process) {
+        std::shared_ptr<Session> session = JoinSession(session_key, p.tp);
+        SessionExchange ex(*session);
+        err = RunSchedule(ex);
+      } else {
+        std::unique_ptr<ShmExchange> ex;
+        bool timed_out = false;
+        err = ShmExchange::Join(members, call_id, occurrence, rank, timeout, &ex, &timed_out);
+        if (!err.empty() && !timed_out) return Internal(where + err);
+        if (err.empty()) err = RunSchedule(*ex);
       }
-      const int64_t occurrence = NextChannelOccurrence(device_id, members, call_id);
-      if (Faulty(device_id, -1)) {  // test hook: counts the call, never meets the peers
-        ShmExchange::Skip(members, call_id, occurrence, rank);
-        return ffi::Error::Success();
-      }
-      std::unique_ptr<ShmExchange> ex;
-      bool timed_out = false;
-      err = ShmExchange::Join(members, call_id, occurrence, rank, timeout, &ex, &timed_out);
-      if (!err.empty() && !timed_out) {
-        return Internal("CPU executor, device " + std::to_string(device_id) + ": " + err);
-      }
-      if (err.empty()) err = run(*ex);
+    } catch (const std::bad_alloc&) {
+      return Internal(where + "out of host memory for the shards peers read");
+    } catch (const std::exception& e) {
+      return Internal(where + e.what());
     }
-  } catch (const std::bad_alloc&) {
-    return Internal("CPU executor, device " + std::to_string(device_id) +
-                    ": out of host memory for the shards peers read");
-  } catch (const std::exception& e) {
-    return Internal("CPU executor, device " + std::to_string(device_id) + ": " + e.what());
+    if (!err.empty()) return DeadlineExceeded(where + err);
+    return ffi::Error::Success();
   }
-  if (!err.empty()) {
-    return DeadlineExceeded("CPU executor, device " + std::to_string(device_id) + ": " + err);
+};
+
+ffi::Future Completed(ffi::Error error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  if (error.success()) {
+    promise.SetAvailable();
+  } else {
+    promise.SetError(std::move(error));
   }
-  return ffi::Error::Success();
+  return future;
+}
+
+// Asynchronous: checks the call, counts its occurrence (in XLA's order on this device), then
+// hands the meeting and the GEMMs to a thread of its own and returns a future.
+//
+// NOTE: a blocking handler deadlocks XLA:CPU.  Its parallel thunk executor runs thunks that
+// are ready together on the intra-op pool, which has about as many threads as the host has
+// cores and serves every fake device.  On a 2-core host, two ranks of a group can block the
+// whole pool waiting for peers whose thunks are queued behind them.  Here no XLA thread ever
+// waits for a peer.
+ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
+                            ffi::AnyBuffer w, ffi::AnyBuffer c,
+                            ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
+                            ffi::Span<const int64_t> groups, float alpha, float beta,
+                            int64_t call_id, int64_t timeout_ms) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
+  auto call = std::make_shared<CpuCall>();
+  if (auto err = DecodeProblem(x, w, c, *out, attrs, &call->p); err.failure()) {
+    return Completed(std::move(err));
+  }
+  const int64_t device_id = GlobalDeviceId(kPlatformCpu, device_ordinal);
+  int rank = -1, group = -1;
+  if (auto err = LocateDevice(attrs, device_id, &rank, &group); err.failure()) {
+    return Completed(std::move(err));
+  }
+  call->rank = rank;
+  call->device_id = device_id;
+  call->x = x.untyped_data();
+  call->w = w.untyped_data();
+  call->c = call->p.has_c ? c.untyped_data() : nullptr;
+  call->out = out->untyped_data();
+  call->timeout = std::chrono::milliseconds(timeout_ms);
+  call->call_id = call_id;
+  call->members.assign(groups.begin() + static_cast<int64_t>(group) * tp,
+                       groups.begin() + static_cast<int64_t>(group + 1) * tp);
+  call->cross_process = std::any_of(call->members.begin(), call->members.end(),
+                                    [](int64_t id) { return !IsLocalDeviceId(kPlatformCpu, id); });
+  if (!call->cross_process) {
+    if (Faulty(device_id, -1)) return Completed(ffi::Error::Success());  // test hook
+    std::ostringstream key;
+    key << run_id.run_id << "/" << call_id << "/"
+        << NextOccurrence(device_id, run_id.run_id, call_id) << "/" << group;
+    call->session_key = key.str();
+  } else {
+    // RunIds differ between processes: the channel (group, call_id) and its occurrence on
+    // this device key the meeting (docs/design.md, "Multi-process (CPU)").
+    if (ShmJobToken().empty()) {
+      return Completed(InvalidArgument(
+          "device " + std::to_string(device_id) + ": the TP group of this call spans "
+          "processes; call jax_distgemm.initialize_multiprocess() after "
+          "jax.distributed.initialize() in every process, or use implementation='xla'"));
+    }
+    call->occurrence = NextChannelOccurrence(device_id, call->members, call_id);
+    if (Faulty(device_id, -1)) {  // test hook: counts the call, never meets the peers
+      ShmExchange::Skip(call->members, call_id, call->occurrence, rank);
+      return Completed(ffi::Error::Success());
+    }
+  }
+
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  try {
+    std::thread([call, promise]() mutable {
+      ffi::Error err = call->Run();
+      if (err.success()) {
+        promise.SetAvailable();
+      } else {
+        promise.SetError(std::move(err));
+      }
+    }).detach();
+  } catch (const std::system_error& e) {
+    promise.SetError(Internal("CPU executor, device " + std::to_string(device_id) +
+                              ": cannot start a thread for the call: " + e.what()));
+  }
+  return future;
 }
 
 }  // namespace
