@@ -188,8 +188,9 @@ class XlaCpuPoolTest(absltest.TestCase):
     # XLA thread.  XLA's bound is cut to 6 s so that a regression fails fast.
     probe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                          "cpu_pool_probe.py")
+    flags = os.environ.get("XLA_FLAGS", "")
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_cpu_collective_call_terminate_timeout_seconds=6")
+               XLA_FLAGS=f"{flags} --xla_cpu_collective_call_terminate_timeout_seconds=6")
     r = subprocess.run([sys.executable, probe, "--calls", "16", "--iters", "40"], env=env,
                        capture_output=True, text=True, timeout=300)
     self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-4000:])

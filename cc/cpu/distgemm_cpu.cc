@@ -179,8 +179,11 @@ struct CpuCall {
     });
   }
 
+  // The prefix of every error this call reports.
+  std::string Where() const { return "CPU executor, device " + std::to_string(device_id) + ": "; }
+
   ffi::Error Run() const {
-    const std::string where = "CPU executor, device " + std::to_string(device_id) + ": ";
+    const std::string where = Where();
     std::string err;
     try {
       if (!cross_process) {
@@ -204,14 +207,20 @@ struct CpuCall {
   }
 };
 
-ffi::Future Completed(ffi::Error error) {
-  ffi::Promise promise;
-  ffi::Future future(promise);
+// Completes `promise` with `error` (success or failure).
+void Fulfil(ffi::Promise& promise, ffi::Error error) {
   if (error.success()) {
     promise.SetAvailable();
   } else {
     promise.SetError(std::move(error));
   }
+}
+
+// A future that is already complete (checks that fail before the call starts).
+ffi::Future Completed(ffi::Error error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  Fulfil(promise, std::move(error));
   return future;
 }
 
@@ -275,17 +284,9 @@ ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyB
   ffi::Promise promise;
   ffi::Future future(promise);
   try {
-    std::thread([call, promise]() mutable {
-      ffi::Error err = call->Run();
-      if (err.success()) {
-        promise.SetAvailable();
-      } else {
-        promise.SetError(std::move(err));
-      }
-    }).detach();
+    std::thread([call, promise]() mutable { Fulfil(promise, call->Run()); }).detach();
   } catch (const std::system_error& e) {
-    promise.SetError(Internal("CPU executor, device " + std::to_string(device_id) +
-                              ": cannot start a thread for the call: " + e.what()));
+    promise.SetError(Internal(call->Where() + "cannot start a thread for the call: " + e.what()));
   }
   return future;
 }
