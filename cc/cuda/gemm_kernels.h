@@ -97,6 +97,18 @@ struct GemmEntry {
   std::string (*prepare)();
 };
 
+// Registry entries of one (config, A/B type, D type) of the GEMM class template `GEMM`
+// (StageGemm or FusedStageGemm, whose `fused` flag is FUSED), with and without C.
+#define JAX_DISTGEMM_REGISTRY_ENTRIES(GEMM, FUSED, CONFIG, AB_ENUM, AB, D_ENUM, D) \
+  {CONFIG, AB_ENUM, D_ENUM, false, FUSED,                                          \
+   &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, false>::Launch,                      \
+   &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, false>::WorkspaceBytes,              \
+   &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, false>::Prepare},                    \
+  {CONFIG, AB_ENUM, D_ENUM, true, FUSED,                                           \
+   &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, true>::Launch,                       \
+   &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, true>::WorkspaceBytes,               \
+   &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, true>::Prepare}
+
 // The compiled kernel for (config, ab_type, d_type, has_c, fused), or nullptr.
 const GemmEntry* FindGemm(GemmConfig config, ElemType ab_type, ElemType d_type, bool has_c,
                           bool fused);

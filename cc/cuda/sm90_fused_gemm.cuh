@@ -282,12 +282,5 @@ struct FusedStageGemm {
 }  // namespace jax_distgemm::cuda
 
 // Registry entries of one fused (config, A/B type, D type), with and without C.
-#define JAX_DISTGEMM_FUSED_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D)                         \
-  {CONFIG, AB_ENUM, D_ENUM, false, true,                                                       \
-   &::jax_distgemm::cuda::FusedStageGemm<CONFIG, AB, D, false>::Launch,                         \
-   &::jax_distgemm::cuda::FusedStageGemm<CONFIG, AB, D, false>::WorkspaceBytes,                 \
-   &::jax_distgemm::cuda::FusedStageGemm<CONFIG, AB, D, false>::Prepare},                       \
-  {CONFIG, AB_ENUM, D_ENUM, true, true,                                                        \
-   &::jax_distgemm::cuda::FusedStageGemm<CONFIG, AB, D, true>::Launch,                          \
-   &::jax_distgemm::cuda::FusedStageGemm<CONFIG, AB, D, true>::WorkspaceBytes,                  \
-   &::jax_distgemm::cuda::FusedStageGemm<CONFIG, AB, D, true>::Prepare}
+#define JAX_DISTGEMM_FUSED_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
+  JAX_DISTGEMM_REGISTRY_ENTRIES(FusedStageGemm, true, CONFIG, AB_ENUM, AB, D_ENUM, D)

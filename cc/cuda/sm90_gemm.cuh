@@ -291,12 +291,5 @@ struct StageGemm {
 }  // namespace jax_distgemm::cuda
 
 // Registry entries of one (config, A/B type, D type), with and without C.
-#define JAX_DISTGEMM_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D)                              \
-  {CONFIG, AB_ENUM, D_ENUM, false, false,                                                       \
-   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, false>::Launch,                              \
-   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, false>::WorkspaceBytes,                      \
-   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, false>::Prepare},                            \
-  {CONFIG, AB_ENUM, D_ENUM, true, false,                                                        \
-   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, true>::Launch,                               \
-   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, true>::WorkspaceBytes,                        \
-   &::jax_distgemm::cuda::StageGemm<CONFIG, AB, D, true>::Prepare}
+#define JAX_DISTGEMM_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
+  JAX_DISTGEMM_REGISTRY_ENTRIES(StageGemm, false, CONFIG, AB_ENUM, AB, D_ENUM, D)
