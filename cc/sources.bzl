@@ -12,6 +12,7 @@ COMMON_SRCS = [
 ]
 COMMON_HDRS = [
     "common/device_ids.h",
+    "common/env.h",
     "common/ffi_helpers.h",
     "common/problem.h",
     "common/rendezvous.h",

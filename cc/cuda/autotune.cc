@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "cc/common/env.h"
+
 namespace jax_distgemm::cuda {
 namespace {
 
@@ -36,16 +38,12 @@ std::map<Key, Choice>& Cache() {
 }
 
 bool LogTuning() {
-  static const bool on = [] {
-    const char* v = std::getenv("JAX_DISTGEMM_LOG_TUNING");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = EnvFlag("JAX_DISTGEMM_LOG_TUNING");
   return on;
 }
 
 bool AutotuneEnabled() {
-  const char* v = std::getenv("JAX_DISTGEMM_AUTOTUNE");
-  return v == nullptr || std::string(v) != "0";
+  return !EnvEquals("JAX_DISTGEMM_AUTOTUNE", "0");
 }
 
 int ForcedConfig() {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cc/common/device_ids.h"
+#include "cc/common/env.h"
 #include "cc/common/ffi_helpers.h"
 #include "cc/common/shm_exchange.h"
 #include "cc/cuda/executor.h"
@@ -23,17 +24,6 @@ namespace {
 std::atomic<int> g_fault_device{-1};
 std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
 std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
-
-bool EnvEquals(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e != nullptr && std::string(e) == value;
-}
-bool EnvFlag(const char* name) { return EnvEquals(name, "1"); }
-
-int EnvInt(const char* name) {
-  const char* e = std::getenv(name);
-  return e == nullptr ? 0 : std::atoi(e);
-}
 
 // JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add|copy_ring forces a ReduceScatter data path
 // (executor.h).
@@ -158,18 +148,15 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                             ffi::Span<const int64_t> groups, float alpha, float beta,
                             int64_t call_id, int64_t timeout_ms) {
   try {
-    if (!TraceEnabled()) {
-      return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, schedule, tp, groups,
-                              alpha, beta, call_id, timeout_ms);
-    }
     const auto now = [] {
       return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::steady_clock::now().time_since_epoch()).count());
     };
-    const uint64_t begin = now();
+    const bool traced = TraceEnabled();
+    const uint64_t begin = traced ? now() : 0;
     ffi::Error result = DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, schedule,
                                          tp, groups, alpha, beta, call_id, timeout_ms);
-    TraceHostCall(device_ordinal, -1, begin, now());
+    if (traced) TraceHostCall(device_ordinal, -1, begin, now());
     return result;
   } catch (const std::exception& e) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());

@@ -35,6 +35,7 @@
 
 #include "cc/cuda/autotune.h"
 #include "cc/cuda/combine_kernels.h"
+#include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
 #include "cc/cuda/stage_trace.h"
 #include "cc/schedules/ring_1d.h"
@@ -241,9 +242,8 @@ std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage
   return "";
 }
 
-std::string CudaFailure(const char* what) {
-  return std::string(what) + ": " + cudaGetErrorString(cudaGetLastError());
-}
+// The failure of the last CUDA call, named after what it was doing.
+std::string CudaFailure(const char* what) { return CudaError(what, cudaGetLastError()); }
 
 template <class Sched>
 std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
@@ -320,35 +320,33 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
     }
     g.sync.wait_epoch = epoch;
     if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
-    // XLA may reuse the shard's buffer once we return: the pushes must be done by then.
-    if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
-    return "";
-  }
-
-  for (int i = 0; i < tp; ++i) {
-    const int tile = Sched::OutputTile(rank, i, tp);
-    const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
-    const void* rotating = i == 0 ? shard : Slot(me, p, epoch, i - 1);
-    const int n_chunks = i == 0 ? 1 : chunks;
-    for (int c = 0; c < n_chunks; ++c) {
-      int64_t lo = 0, hi = extent;
-      if (n_chunks > 1) ChunkRange(extent, n_chunks, c, &lo, &hi);
-      GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-      // The chunk is a row block of A and D (RotatingA) or a column block of B and D (RotatingB).
-      const int64_t a_off = kRotA ? lo * p.xk : 0, b_off = kRotA ? 0 : lo;
-      const int64_t d_off = kRotA ? lo * ov.ld : lo;
-      if (kRotA) g.ops.m = hi - lo; else g.ops.n = hi - lo;
-      SetA(g.ops, kRotA ? At(rotating, a_off, p.in_type) : At(b.x, av.offset, p.in_type), av);
-      SetB(g.ops, kRotA ? At(b.w, bv.offset, p.in_type) : At(rotating, b_off, p.in_type), bv);
-      SetD(g.ops, At(b.out, ov.offset + d_off, p.out_type), ov);
-      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset + d_off, p.out_type), ov, p.beta);
-      if (i > 0) {
-        SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
+  } else {
+    for (int i = 0; i < tp; ++i) {
+      const int tile = Sched::OutputTile(rank, i, tp);
+      const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
+      const void* rotating = i == 0 ? shard : Slot(me, p, epoch, i - 1);
+      const int n_chunks = i == 0 ? 1 : chunks;
+      for (int c = 0; c < n_chunks; ++c) {
+        int64_t lo = 0, hi = extent;
+        if (n_chunks > 1) ChunkRange(extent, n_chunks, c, &lo, &hi);
+        GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+        // The chunk is a row block of A and D (RotatingA) or a column block of B and D
+        // (RotatingB).
+        const int64_t a_off = kRotA ? lo * p.xk : 0, b_off = kRotA ? 0 : lo;
+        const int64_t d_off = kRotA ? lo * ov.ld : lo;
+        if (kRotA) g.ops.m = hi - lo; else g.ops.n = hi - lo;
+        SetA(g.ops, kRotA ? At(rotating, a_off, p.in_type) : At(b.x, av.offset, p.in_type), av);
+        SetB(g.ops, kRotA ? At(b.w, bv.offset, p.in_type) : At(rotating, b_off, p.in_type), bv);
+        SetD(g.ops, At(b.out, ov.offset + d_off, p.out_type), ov);
+        if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset + d_off, p.out_type), ov, p.beta);
+        if (i > 0) {
+          SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
+        }
+        // Every launch after the call's first writes its own rows or columns of out and reads
+        // x, w and peers' slots only: it may run into the previous launch's tail.
+        g.sync.overlap_previous = o.overlap_stages && (i > 0 || c > 0);
+        if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
       }
-      // Every launch after the call's first writes its own rows or columns of out and reads
-      // x, w and peers' slots only: it may run into the previous launch's tail.
-      g.sync.overlap_previous = o.overlap_stages && (i > 0 || c > 0);
-      if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
     }
   }
   // XLA may reuse the shard's buffer once we return: the pushes must be done by then.

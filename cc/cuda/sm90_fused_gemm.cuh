@@ -158,7 +158,6 @@ struct Sm90FusedGemm {
 
 struct FusedPointers {
   const void* ptr[kFusedTableEntries];
-  int count;
 };
 
 // The ptr-array kernel with the pointer table published in front; no StageSync wait here (the
@@ -270,7 +269,6 @@ struct FusedStageGemm {
       params.pointers.ptr[2 * kMaxFusedStages + s] = used ? f.c[s] : nullptr;
       params.pointers.ptr[3 * kMaxFusedStages + s] = used ? f.d[s] : nullptr;
     }
-    params.pointers.count = f.count;
     params.table = f.table;
     params.trace_last = f.trace[f.count - 1];
     return RunKernel<Adapter>(params, g, stream);

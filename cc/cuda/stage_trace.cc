@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "cc/common/env.h"
 #include "cc/cuda/cuda_check.h"
 
 namespace jax_distgemm::cuda {
@@ -35,10 +36,7 @@ constexpr size_t kTraceBytes = sizeof(uint64_t) * 3 * kTraceCapacity;
 }  // namespace
 
 bool TraceEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("JAX_DISTGEMM_TRACE");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = EnvFlag("JAX_DISTGEMM_TRACE");
   return on;
 }
 
