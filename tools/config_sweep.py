@@ -1,0 +1,148 @@
+"""Which stage-GEMM variant is fastest *under sustained load*, and does the tuner find it?
+
+For each case, in one process and in interleaved rounds (bench_lib's timing): the ideal (XLA's
+dot of one device's share), our call with the tuner's choice in each tuning mode
+(JAX_DISTGEMM_TUNE=burst / sustained), and our call with every variant forced
+(JAX_DISTGEMM_GEMM_CONFIG=config:raster:swizzle).  The environment is set before each entry's
+repeat; the handler reads it per call, so one compiled executable serves every variant.
+
+  python3 tools/config_sweep.py --cases AG-RotA:8192,4096,4096 RS-TilA:8192,4096,4096 \
+      --json sweep.json
+
+Run with JAX_DISTGEMM_LOG_TUNING=1 to log every tuning trial (stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+
+from jax_distgemm._src import bench_lib
+from jax_distgemm._src import runtime
+
+# GemmConfig values (cc/cuda/gemm_kernels.h) and which have a fused (ptr-array) kernel.
+CONFIG_NAMES = {0: "coop128x256_c2x1", 1: "coop256x128_c1x2", 2: "pingpong128x128_c1x2",
+                3: "pingpong128x128_c2x1", 4: "coop256x128_c2x1", 5: "coop128x256_c1x2",
+                6: "coop128x256_c1x1"}
+FUSED_CONFIGS = (0, 4, 6, 2)
+RASTERS = {1: "M", 2: "N"}
+
+
+@dataclasses.dataclass
+class EnvTimed(bench_lib.Timed):
+  env: dict = dataclasses.field(default_factory=dict)
+
+  def run(self, count: int, max_in_flight: int = 0):
+    for k in ("JAX_DISTGEMM_GEMM_CONFIG", "JAX_DISTGEMM_TUNE"):
+      os.environ.pop(k, None)
+    os.environ.update(self.env)
+    super().run(count, max_in_flight)
+
+
+def parse_case(text: str) -> bench_lib.Case:
+  sched, dims = text.split(":")
+  m, k, n = (int(v) for v in dims.split(","))
+  return bench_lib.Case(bench_lib.parse_schedule(sched), m, k, n)
+
+
+def variants(case: bench_lib.Case, swizzles) -> list[tuple[str, dict]]:
+  fused = case.schedule.is_all_gather  # AllGather calls run the fused kernel (TP <= 8, L = 1)
+  out = [("auto_burst", {"JAX_DISTGEMM_TUNE": "burst"}),
+         ("auto_sustained", {"JAX_DISTGEMM_TUNE": "sustained"})]
+  for c in (FUSED_CONFIGS if fused else sorted(CONFIG_NAMES)):
+    for r, rname in RASTERS.items():
+      for s in swizzles:
+        out.append((f"{CONFIG_NAMES[c]}/r{rname}/s{s}",
+                    {"JAX_DISTGEMM_GEMM_CONFIG": f"{c}:{r}:{s}"}))
+  return out
+
+
+def sweep_case(case, index, devices, opts, swizzles, log):
+  mesh = Mesh(np.array(devices), ("tp",))
+  shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
+  xg, wg, _ = case.global_shapes()
+  dt = case.jdtype
+  key = jax.random.fold_in(jax.random.key(opts.seed), index)
+  set_bytes = (bench_lib._nbytes(xg, dt) + bench_lib._nbytes(wg, dt)) // case.tp
+  n_sets = bench_lib.rotation_sets(set_bytes, l2_bytes=opts.l2_bytes,
+                                   budget_bytes=opts.rotation_budget_bytes,
+                                   max_sets=opts.max_sets)
+  sets = bench_lib.make_sets(jax.random.fold_in(key, 0), n_sets, xg, wg, None, dt, shardings)
+  ref = bench_lib.distributed_fn(case, mesh, "reference").lower(*sets[0]).compile()
+  ref_out = ref(*sets[0])
+  ours = bench_lib.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
+
+  single = SingleDeviceSharding(devices[0])
+  xi, wi, _ = case.ideal_shapes()
+  n_ideal = bench_lib.rotation_sets(bench_lib._nbytes(xi, dt) + bench_lib._nbytes(wi, dt),
+                                    l2_bytes=opts.l2_bytes,
+                                    budget_bytes=opts.rotation_budget_bytes,
+                                    max_sets=opts.max_sets)
+  ideal_sets = bench_lib.make_sets(jax.random.fold_in(key, 1), n_ideal, xi, wi, None, dt,
+                                   (single,) * 3)
+  ideal = bench_lib.ideal_fn(case).lower(*ideal_sets[0]).compile()
+
+  entries = [EnvTimed("ideal", ideal, ideal_sets)]
+  errors = {}
+  for name, env in variants(case, swizzles):
+    e = EnvTimed(name, ours, sets, env=env)
+    e.run(1)  # tunes (auto rows) before the timed rounds
+    errors[name] = bench_lib.rel_err(ours(*sets[0]), ref_out)
+    entries.append(e)
+  del ref_out
+  bench_lib.time_interleaved(entries, opts, lambda msg: log(f"{case.label}: {msg}"))
+  rows = {e.name: bench_lib._timing_row(e) for e in entries}
+  ideal_ms = rows["ideal"].get("ms")
+  for name, row in rows.items():
+    if name in errors:
+      row["rel_err"] = errors[name]
+    if ideal_ms and row.get("ms"):
+      row["efficiency"] = ideal_ms / row["ms"]
+  return {"case": case.as_dict(), "rows": rows, "tuning": runtime.describe_tuning()}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--cases", nargs="+", required=True, help="SCHEDULE:M,K,N (global shape)")
+  ap.add_argument("--swizzles", default="1,4")
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--target-repeat-ms", type=float, default=30.0)
+  ap.add_argument("--json")
+  args = ap.parse_args(argv)
+  devices, platform, note = bench_lib.select_devices(2)
+  if note:
+    print(note, file=sys.stderr)
+  opts = bench_lib.resolve_in_flight(
+      bench_lib.Options(repeats=args.repeats, target_repeat_ms=args.target_repeat_ms,
+                        warmup=2), platform)
+  swizzles = [int(s) for s in args.swizzles.split(",")]
+  t0 = time.time()
+  log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+  results = []
+  for i, text in enumerate(args.cases):
+    case = parse_case(text)
+    results.append(sweep_case(case, i, devices, opts, swizzles, log))
+    rows = results[-1]["rows"]
+    ranked = sorted((r["ms"], n) for n, r in rows.items() if r.get("ms") and n != "ideal")
+    print(f"\n{case.label}: ideal {rows['ideal'].get('ms', float('nan')):.4f} ms")
+    for ms, n in ranked:
+      r = rows[n]
+      print(f"  {n:32s} {ms:9.4f} ms  eff {r.get('efficiency', float('nan')):.3f}  "
+            f"spread {r['spread']:.3f}  err {r.get('rel_err', float('nan')):.1e}")
+    print(results[-1]["tuning"])
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"argv": sys.argv, "results": results}, f, indent=1)
+    jax.clear_caches()
+
+
+if __name__ == "__main__":
+  main()
