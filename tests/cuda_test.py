@@ -216,6 +216,83 @@ class CudaFusedStagesTest(parameterized.TestCase):
     self.assertEqual([fused] * len(tuned), ["fused stages=2" in line for line in tuned], tuned)
 
 
+class CudaFusedReduceScatterTest(parameterized.TestCase):
+  """ReduceScatter with remote C runs as one fused grid (JAX_DISTGEMM_RS_FUSED, read per call):
+  per-stage beta, C waits in the epilogue, completion counted by the grid itself."""
+
+  def tearDown(self):
+    os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
+    super().tearDown()
+
+  @parameterized.product(
+      schedule=[Schedule.ReduceScatter1D_TilingA_RotatingC,
+                Schedule.ReduceScatter1D_TilingB_RotatingC],
+      mode=["all", "0"], shape=["square", "ragged", "tall"])
+  def test_fused_and_stage_paths_match_reference(self, schedule, mode, shape):
+    module = ffi_modules.module_for("cuda")
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # "all": fused remote C even at small k
+    m, k, n = SHAPES[shape]
+    variant = 2 * (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC) + (mode == "all")
+    m += 16 * TP * (variant + 8)  # a shape per case: each tunes (and so lists) its launches
+    tuned_before = set(module.describe_tuning().splitlines())
+    x, w, _ = test_util.random_inputs(hash((schedule, mode, shape)) % 2**31, (m, k), (k, n),
+                                      jnp.bfloat16)
+    f, args = run_global(schedule, x, w)
+    ref = test_util.reference_np(x, w)
+    for rep in range(3):  # both parities of the slots and pointer tables; counters reset
+      out = f(*args)
+      self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
+      self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
+    tuned = [line for line in module.describe_tuning().splitlines() if line not in tuned_before]
+    self.assertNotEmpty(tuned)
+    fused = ["fused stages=2" in line for line in tuned]
+    self.assertEqual([mode == "all"] * len(tuned), fused, tuned)
+
+  def test_fused_by_default_where_stage_k_exceeds_2048(self):
+    module = ffi_modules.module_for("cuda")
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    m, k, n = 384, 4 * 2048 + 2 * 64, 512  # stage k = K/TP > 2048: remote C
+    tuned_before = set(module.describe_tuning().splitlines())
+    x, w, _ = test_util.random_inputs(21, (m, k), (k, n), jnp.bfloat16)
+    f, args = run_global(schedule, x, w)
+    ref = test_util.reference_np(x, w)
+    for rep in range(2):
+      self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
+    tuned = [line for line in module.describe_tuning().splitlines() if line not in tuned_before]
+    self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
+
+  def test_back_to_back_calls_alternating_shapes(self):
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    cases = []
+    for i, (m, k, n) in enumerate([(768, 512, 1024), (512, 1024, 384)]):
+      x, w, _ = test_util.random_inputs(30 + i, (m, k), (k, n), jnp.bfloat16)
+      f, args = run_global(schedule, x, w)
+      cases.append((f, args, test_util.reference_np(x, w)))
+    outs = [cases[i % 2][0](*cases[i % 2][1]) for i in range(200)]
+    for i in (0, 1, 198, 199):
+      self.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
+
+  def test_missing_peer_signal_times_out_and_recovers(self):
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"
+    module = ffi_modules.module_for("cuda")
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    x, w, _ = test_util.random_inputs(41, (512, 512), (512, 1024), jnp.bfloat16)
+    f, args = run_global(schedule, x, w, timeout_ms=500)
+    jax.block_until_ready(f(*args))
+    module.set_sync_check(True)
+    module.set_fault_device(GPUS[1].local_hardware_id)  # device 1's grid never signals
+    try:
+      with self.assertRaisesRegex(Exception, "timed out on GPU.*stage 1"):
+        jax.block_until_ready(f(*args))
+    finally:
+      module.set_fault_device(-1)
+      module.set_sync_check(False)
+    jd.reset()
+    self.assertIsNone(jd.pending_error())
+    self.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
+
+
 class CudaReliabilityTest(absltest.TestCase):
 
   def test_forced_timeout_reports_error_and_recovers(self):

@@ -2,8 +2,9 @@
 
 For each case, in one process and in interleaved rounds (bench_lib's timing): the ideal (XLA's
 dot of one device's share), our call with the tuner's choice in each tuning mode
-(JAX_DISTGEMM_TUNE=burst / sustained), and our call with every variant forced
-(JAX_DISTGEMM_GEMM_CONFIG=config:raster:swizzle).  The environment is set before each entry's
+(JAX_DISTGEMM_TUNE=burst / sustained), our call with every variant forced
+(JAX_DISTGEMM_GEMM_CONFIG=config:raster:swizzle) and, for ReduceScatter, with each
+JAX_DISTGEMM_RS_FUSED mode.  The environment is set before each entry's
 repeat; the handler reads it per call, so one compiled executable serves every variant.
 
   python3 tools/config_sweep.py --cases AG-RotA:8192,4096,4096 RS-TilA:8192,4096,4096 \
@@ -41,7 +42,7 @@ class EnvTimed(bench_lib.Timed):
   env: dict = dataclasses.field(default_factory=dict)
 
   def run(self, count: int, max_in_flight: int = 0):
-    for k in ("JAX_DISTGEMM_GEMM_CONFIG", "JAX_DISTGEMM_TUNE"):
+    for k in ("JAX_DISTGEMM_GEMM_CONFIG", "JAX_DISTGEMM_TUNE", "JAX_DISTGEMM_RS_FUSED"):
       os.environ.pop(k, None)
     os.environ.update(self.env)
     super().run(count, max_in_flight)
@@ -53,19 +54,23 @@ def parse_case(text: str) -> bench_lib.Case:
   return bench_lib.Case(bench_lib.parse_schedule(sched), m, k, n)
 
 
-def variants(case: bench_lib.Case, swizzles) -> list[tuple[str, dict]]:
-  fused = case.schedule.is_all_gather  # AllGather calls run the fused kernel (TP <= 8, L = 1)
-  out = [("auto_burst", {"JAX_DISTGEMM_TUNE": "burst"}),
-         ("auto_sustained", {"JAX_DISTGEMM_TUNE": "sustained"})]
-  for c in (FUSED_CONFIGS if fused else sorted(CONFIG_NAMES)):
-    for r, rname in RASTERS.items():
-      for s in swizzles:
-        out.append((f"{CONFIG_NAMES[c]}/r{rname}/s{s}",
-                    {"JAX_DISTGEMM_GEMM_CONFIG": f"{c}:{r}:{s}"}))
+def variants(case: bench_lib.Case, args) -> list[tuple[str, dict]]:
+  """(row name, environment) of every variant timed for `case`."""
+  out = [(f"auto_{m}", {"JAX_DISTGEMM_TUNE": m}) for m in args.tune_modes.split(",") if m]
+  if not case.schedule.is_all_gather:
+    out += [(f"rs_fused_{m}", {"JAX_DISTGEMM_RS_FUSED": m})
+            for m in args.rs_fused_modes.split(",") if m]
+  if args.forced:
+    fused = case.schedule.is_all_gather  # AllGather calls run the fused kernel (TP <= 8, L = 1)
+    for c in (FUSED_CONFIGS if fused else sorted(CONFIG_NAMES)):
+      for r, rname in RASTERS.items():
+        for s in (int(v) for v in args.swizzles.split(",")):
+          out.append((f"{CONFIG_NAMES[c]}/r{rname}/s{s}",
+                      {"JAX_DISTGEMM_GEMM_CONFIG": f"{c}:{r}:{s}"}))
   return out
 
 
-def sweep_case(case, index, devices, opts, swizzles, log):
+def sweep_case(case, index, devices, opts, args, log):
   mesh = Mesh(np.array(devices), ("tp",))
   shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
   xg, wg, _ = case.global_shapes()
@@ -92,7 +97,7 @@ def sweep_case(case, index, devices, opts, swizzles, log):
 
   entries = [EnvTimed("ideal", ideal, ideal_sets)]
   errors = {}
-  for name, env in variants(case, swizzles):
+  for name, env in variants(case, args):
     e = EnvTimed(name, ours, sets, env=env)
     e.run(1)  # tunes (auto rows) before the timed rounds
     errors[name] = bench_lib.rel_err(ours(*sets[0]), ref_out)
@@ -113,6 +118,12 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--cases", nargs="+", required=True, help="SCHEDULE:M,K,N (global shape)")
   ap.add_argument("--swizzles", default="1,4")
+  ap.add_argument("--tune-modes", default="burst,sustained",
+                  help="JAX_DISTGEMM_TUNE values, one auto row each")
+  ap.add_argument("--rs-fused-modes", default="",
+                  help="JAX_DISTGEMM_RS_FUSED values (ReduceScatter cases), one row each")
+  ap.add_argument("--no-forced", dest="forced", action="store_false",
+                  help="skip the forced config:raster:swizzle rows")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--target-repeat-ms", type=float, default=30.0)
   ap.add_argument("--json")
@@ -123,13 +134,12 @@ def main(argv=None):
   opts = bench_lib.resolve_in_flight(
       bench_lib.Options(repeats=args.repeats, target_repeat_ms=args.target_repeat_ms,
                         warmup=2), platform)
-  swizzles = [int(s) for s in args.swizzles.split(",")]
   t0 = time.time()
   log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
   results = []
   for i, text in enumerate(args.cases):
     case = parse_case(text)
-    results.append(sweep_case(case, i, devices, opts, swizzles, log))
+    results.append(sweep_case(case, i, devices, opts, args, log))
     rows = results[-1]["rows"]
     ranked = sorted((r["ms"], n) for n, r in rows.items() if r.get("ms") and n != "ideal")
     print(f"\n{case.label}: ideal {rows['ideal'].get('ms', float('nan')):.4f} ms")

@@ -83,6 +83,9 @@ Key MakeKey(const GemmLaunch& g, TuneMode mode) {
 GemmLaunch TrialLaunch(GemmLaunch g) {
   g.sync = StageSync{};  // trial runs never wait or signal
   for (const uint32_t*& flag : g.fused.wait_flag) flag = nullptr;
+  for (const uint32_t*& flag : g.fused.c_wait_flag) flag = nullptr;
+  for (uint32_t*& flag : g.fused.done_flag) flag = nullptr;
+  g.fused.counters = nullptr;
   g.pdl = false;
   return g;
 }

@@ -38,6 +38,14 @@ int RsPathFromEnv() {
   return kRsAuto;
 }
 
+// JAX_DISTGEMM_RS_FUSED=0|1|all (CallOptions::rs_fused); read per call, so that a benchmark
+// can compare the paths in one process.
+int RsFusedFromEnv() {
+  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "0")) return kRsFusedOff;
+  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "all")) return kRsFusedAll;
+  return kRsFusedOn;
+}
+
 bool SyncCheck() {
   int v = g_sync_check.load();
   if (v < 0) {
@@ -125,6 +133,7 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   static const bool no_overlap = EnvEquals("JAX_DISTGEMM_STAGE_OVERLAP", "0");
   options.overlap_stages = !no_overlap;
   options.fuse_stages = FuseStages();
+  options.rs_fused = RsFusedFromEnv();
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
                                            timeout_ms);
       !err.empty()) {

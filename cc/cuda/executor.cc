@@ -108,13 +108,23 @@ void SetWait(StageSync& s, const DeviceState& me, int stage, int chunk, uint32_t
   s.peer = peer;
 }
 
-// Fused launches' pointer tables (FusedStages::table): two, alternating by call parity, at
-// the end of the GEMM scratch; CUTLASS's own workspace starts at its beginning.
+// GEMM scratch (zeroed at allocation and by Reset):
+//   [CUTLASS workspace | stage counters (fused ReduceScatter) | pointer table x 2 (parity)]
+// Fused launches' pointer tables (FusedStages::table) alternate by call parity; the stage
+// counters return to zero at the end of every grid that uses them.
 constexpr size_t kFusedTableBytes = kFusedTableEntries * sizeof(void*);
-constexpr size_t kCutlassWorkspaceBytes = PeerGroup::kGemmScratchBytes - 2 * kFusedTableBytes;
+constexpr size_t kStageCounterBytes = 256;
+static_assert(kMaxFusedStages * sizeof(uint32_t) <= kStageCounterBytes);
+constexpr size_t kCutlassWorkspaceBytes =
+    PeerGroup::kGemmScratchBytes - 2 * kFusedTableBytes - kStageCounterBytes;
+uint32_t* StageCounters(const DeviceState& d) {
+  return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(d.gemm_scratch) +
+                                     kCutlassWorkspaceBytes);
+}
 void** FusedTable(const DeviceState& d, uint32_t epoch) {
   return reinterpret_cast<void**>(static_cast<uint8_t*>(d.gemm_scratch) +
-                                  kCutlassWorkspaceBytes + (epoch & 1u) * kFusedTableBytes);
+                                  kCutlassWorkspaceBytes + kStageCounterBytes +
+                                  (epoch & 1u) * kFusedTableBytes);
 }
 
 // [begin, end) of chunk c of `extent` split in `chunks`, aligned to 128.
@@ -196,7 +206,9 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
 // (0.86-0.88 vs 0.78-0.82 of ideal) and was no better at k >= 4096; kRemoteC matched or beat
 // kPush and kCopyAdd everywhere.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (o.rs_path == kRsAuto) return p.sk() <= 2048 ? kRsCopyRing : kRsRemoteC;
+  if (o.rs_path == kRsAuto) {
+    return p.sk() <= 2048 && o.rs_fused != kRsFusedAll ? kRsCopyRing : kRsRemoteC;
+  }
   return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
 }
 
@@ -432,12 +444,83 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
   return "";
 }
 
+// Whether a kRemoteC ReduceScatter runs as one fused grid (sm90_fused_gemm.cuh,
+// SignalingEpilogue): every stage has the same shape and pitches, one batch.
+bool FusesReduceScatter(const Problem& p, const CallOptions& o) {
+  if (o.rs_fused == kRsFusedOff || p.tp <= 1 || p.tp > kMaxFusedStages || p.batch != 1) {
+    return false;
+  }
+  return CanFuse(p.in_type, p.out_type);
+}
+
+// ReduceScatter, kRemoteC, all stages in one grid.  Stage i is batch i of a ptr-array GEMM:
+// D = my slot i (out at the last), C = the left neighbour's slot i-1 (none at stage 0: beta 0).
+// The epilogue's C loads of stage i wait for flag(i); when every tile of my stage i is stored,
+// the grid itself sets the right neighbour's flag(i+1).  Same flags, slots and epochs as the
+// stage-per-launch kRemoteC below, so the ordering argument of peer_state.h carries over.
+template <class Sched>
+std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
+                           const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+  DeviceState& me = group.dev(rank);
+  const int tp = p.tp;
+  DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
+  DeviceState& prev = group.dev(Sched::Source(rank, 1, tp));
+  const MatrixView pv = p.PartialView();
+  GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+  FusedStages& f = g.fused;
+  f.count = tp;
+  f.table = FusedTable(me, epoch);
+  f.stage_beta = true;
+  f.counters = StageCounters(me);
+  int64_t lda = -1, ldb = -1, ldd = -1;
+  for (int i = 0; i < tp; ++i) {
+    const int tile = Sched::OutputTile(rank, i, tp);
+    const bool last = i == tp - 1;
+    const MatrixView av = p.AView(tile), bv = p.BView(tile);
+    SetA(g.ops, At(b.x, av.offset, p.in_type), av);
+    SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
+    if (last) {
+      const MatrixView ov = p.OutView(tile);
+      SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
+    } else {
+      SetD(g.ops, Slot(me, p, epoch, i), pv);
+    }
+    // NOTE: one set of leading dims for all stages (FusedStageGemm); the views agree for both
+    // TilingA and TilingB (slot and out rows are sn wide), checked here anyway.
+    if (i == 0) {
+      lda = g.ops.lda, ldb = g.ops.ldb, ldd = g.ops.ldd;
+    } else if (g.ops.lda != lda || g.ops.ldb != ldb || g.ops.ldd != ldd || pv.ld != ldd) {
+      return "fused ReduceScatter: stage views differ in pitch";
+    }
+    f.a[i] = g.ops.a;
+    f.b[i] = g.ops.b;
+    f.d[i] = g.ops.d;
+    // Stage 0's C is never read (beta 0: CUTLASS skips the load) but must be a valid address.
+    f.c[i] = i == 0 ? g.ops.d : Slot(prev, p, epoch, i - 1);
+    f.beta[i] = i == 0 ? 0.f : 1.f;
+    if (i > 0) {
+      f.c_wait_flag[i] = me.flags + FlagIndex(i, 0);
+      f.peer[i] = Sched::Source(rank, i, tp);
+    }
+    if (!last && !o.skip_signals) f.done_flag[i] = next.flags + FlagIndex(i + 1, 0);
+  }
+  g.ops.c = f.c[0];  // selects the kernel with a C operand
+  g.ops.ldc = pv.ld;
+  g.ops.batch_stride_c = 0;
+  g.ops.beta = 1.f;  // unused: per-stage beta
+  g.sync.wait_epoch = epoch;
+  return Launch(g, stream, epoch, 0, 0);
+}
+
 template <class Sched>
 std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o,
                                  cudaStream_t stream, uint32_t epoch) {
   const RsPath path = ChooseRsPath(p, o);
   if (path == kRsCopyRing) return EnqueueRsCopyRing<Sched>(p, rank, group, b, o, stream, epoch);
+  if (path == kRsRemoteC && FusesReduceScatter(p, o)) {
+    return EnqueueRsFused<Sched>(p, rank, group, b, o, stream, epoch);
+  }
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));

@@ -39,7 +39,13 @@ struct CallOptions {
   // kernel is compiled for the types and the call has one batch and one chunk per stage;
   // JAX_DISTGEMM_AG_FUSED=0 (or set_fused_stages(False)) launches one GEMM per stage.
   bool fuse_stages = true;
+  // ReduceScatter: kRemoteC as one grid (EnqueueRsFused, executor.cc) where a fused kernel is
+  // compiled for the types, TP <= 8 and the call has one batch.  JAX_DISTGEMM_RS_FUSED=0 turns
+  // it off (one launch per stage); =all also takes it where the automatic path would be
+  // kCopyRing (stage k <= 2048).  Read per call.
+  int rs_fused = 1;
 };
+enum RsFused : int { kRsFusedOff = 0, kRsFusedOn = 1, kRsFusedAll = 2 };
 
 // ReduceScatter data paths.  kRemoteC: the running sum stays in its producer's slot and the
 // consumer's epilogue reads it over NVLink as C (CUTLASS's RemoteC).  kPush: the producer's

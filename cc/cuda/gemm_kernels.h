@@ -46,13 +46,15 @@ struct GemmOperands {
 
 // A fused launch (FusedStageKernel, sm90_fused_gemm.cuh): `count` stage GEMMs of one shape in
 // one persistent grid, stage s on its own operands.  Every CTA first publishes the pointers
-// below into `table` (device memory: kMaxFusedStages entries each of A, B, C, D; the caller
-// alternates two tables by call parity); the CUTLASS ptr-array kernel reads them from there.
-// A CTA's producer warp waits for *wait_flag[s] >= StageSync::wait_epoch before it loads
-// stage s's first tile (nullptr: stage s needs no wait).
+// below into `table` (device memory: kMaxFusedStages entries each of A, B, C, D and beta; the
+// caller alternates two tables by call parity); the CUTLASS ptr-array kernel reads them from
+// there.  A CTA's producer warp waits for *wait_flag[s] >= StageSync::wait_epoch before it
+// loads stage s's first tile (nullptr: stage s needs no wait).
 inline constexpr int kMaxFusedStages = 8;
-// FusedStages::table: the A, B, C, D pointers of stage s at s, S + s, 2S + s, 3S + s.
-inline constexpr int kFusedTableEntries = 4 * kMaxFusedStages;
+// FusedStages::table: the A, B, C, D pointers of stage s at s, S + s, 2S + s, 3S + s; at 4S + s
+// stage s's beta (a float in the entry's first 4 bytes) when FusedStages::stage_beta.
+inline constexpr int kFusedTableEntries = 5 * kMaxFusedStages;
+inline constexpr int kFusedBetaEntry = 4 * kMaxFusedStages;
 struct FusedStages {
   int count = 0;  // 0: an ordinary stage launch (GemmOperands' pointers)
   const void* a[kMaxFusedStages] = {};
@@ -60,8 +62,18 @@ struct FusedStages {
   const void* c[kMaxFusedStages] = {};  // all nullptr or none (GemmOperands::c says which)
   void* d[kMaxFusedStages] = {};
   const uint32_t* wait_flag[kMaxFusedStages] = {};
-  int32_t peer[kMaxFusedStages] = {};  // rank that signals wait_flag[s], for the error record
+  int32_t peer[kMaxFusedStages] = {};  // rank that signals wait_flag[s] / c_wait_flag[s]
   void** table = nullptr;  // kFusedTableEntries entries
+  // ReduceScatter (remote C, executor.cc): beta per stage (stage 0 has no running sum yet: 0,
+  // and CUTLASS then skips its C loads), the epilogue's C loads of stage s wait for
+  // *c_wait_flag[s] >= wait_epoch, and once every tile of stage s on this device is stored,
+  // *done_flag[s] (a peer's flag) is set to the epoch.  `counters`: kMaxFusedStages words of
+  // this device, zero between grids (the grid's last tile of a stage resets its word).
+  bool stage_beta = false;
+  float beta[kMaxFusedStages] = {};
+  const uint32_t* c_wait_flag[kMaxFusedStages] = {};
+  uint32_t* done_flag[kMaxFusedStages] = {};
+  uint32_t* counters = nullptr;  // nullptr: no completion tracking (done_flag unused)
   // JAX_DISTGEMM_TRACE=1: stage s's record (stage_trace.h), else nullptr.  Fused stages stamp
   // start = first CTA (producer warp) to reach stage s, ready = last CTA past its wait for
   // stage s, end = last CTA to move on from stage s (for the last stage: to finish).

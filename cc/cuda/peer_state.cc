@@ -71,6 +71,8 @@ std::string PeerGroup::InitDevice(int rank) {
   JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kNumFlags * sizeof(uint32_t)));
   JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
   JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
+  // Zero: the fused ReduceScatter's stage counters live here (executor.cc).
+  JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
   if (std::string err = TraceInit(d.ordinal); !err.empty()) return err;  // JAX_DISTGEMM_TRACE=1
@@ -151,6 +153,8 @@ std::string PeerGroup::Reset() {
     JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
     JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
+    // A grid that was cut short may have left a fused ReduceScatter's stage counters nonzero.
+    JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
     JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     d.epoch = 0;
   }

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "cc/cuda/gemm_kernels.h"
@@ -126,6 +127,162 @@ struct FlagWaitMainloop : Base_ {
   bool timed_out_ = false;  // this thread's wait timed out before (see above)
 };
 
+// -- ReduceScatter: per-stage C waits and completion signals, in the epilogue ----------------------
+//
+// A fused ReduceScatter (remote C, executor.cc) runs its TP stages as the batches of one grid;
+// stage s > 0 adds the left neighbour's running sum of its stage s-1, read over NVLink as C.
+// Only C depends on the peer, and C is loaded by CUTLASS's epilogue producer warp, not by the
+// mainloop producer that FlagWaitMainloop holds: so the wait sits where that warp switches its
+// C descriptor to stage s, and the mainloop of stage s runs meanwhile.
+//
+//   device r, CTA c:  [s0 tile][s0 tile] | [s1 tile: mainloop .. | C: wait flag(1), load | store]
+//   completion:       each TMA-store warp, as it moves past stage s (to a later stage, or at
+//                     the end), waits until its stores have landed and adds its tile count to
+//                     counter[s]; the add that reaches the stage's tile count resets the word
+//                     and sets the right neighbour's flag(s+1).
+//
+// Stage 0 has no running sum: its beta is 0 (per-stage beta, FusedStages::stage_beta), and
+// CUTLASS's epilogue then skips its C loads tile by tile.
+struct StageSignals {
+  const uint32_t* wait_flag[kMaxFusedStages] = {};  // C of stage s is ready: >= epoch
+  int32_t peer[kMaxFusedStages] = {};
+  uint32_t* done_flag[kMaxFusedStages] = {};  // set to epoch when stage s is stored here
+  uint32_t* counters = nullptr;  // nullptr: no completion tracking
+  uint32_t tiles_per_stage = 0;  // set by the launch from CUTLASS's scheduler parameters
+  uint32_t epoch = 0;
+  uint64_t timeout_ns = 0;
+  ErrorRecord* error = nullptr;
+  int32_t rank = 0;
+};
+
+__device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+
+// Out of line, as WaitForStage.
+static __device__ __noinline__ bool WaitForStageC(const StageSignals& g, int32_t stage) {
+  return WaitFlagUntil(g.wait_flag[stage], g.epoch, g.timeout_ns, g.error, g.rank, stage,
+                       g.peer[stage]);
+}
+
+// The CUTLASS ptr-array epilogue, unchanged except for the C wait and the completion count
+// (both idle unless StageSignals asks for them).
+template <class Base_>
+struct SignalingEpilogue : Base_ {
+  using Base = Base_;
+  struct Arguments : Base::Arguments {
+    StageSignals signals;
+  };
+  struct Params : Base::Params {
+    StageSignals signals;
+  };
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const& problem_shape,
+                                                  Arguments const& args, void* workspace) {
+    Params p;
+    static_cast<typename Base::Params&>(p) =
+        Base::to_underlying_arguments(problem_shape, args, workspace);
+    p.signals = args.signals;
+    return p;
+  }
+
+  CUTLASS_HOST_DEVICE
+  SignalingEpilogue(Params const& params, typename Base::TensorStorage& shared_tensors)
+      : Base(params, shared_tensors), signals_(&params.signals) {}
+
+  template <bool IsLoad, class ProblemShape_MNKL>
+  CUTLASS_DEVICE void tensormaps_perform_update(typename Base::TensorMapStorage& shared_tensormaps,
+                                                typename Base::Params const& params,
+                                                cute::TmaDescriptor const* tensormap,
+                                                ProblemShape_MNKL problem_shape_mnkl,
+                                                int32_t next_batch, int32_t warp_group_idx) {
+    if constexpr (IsLoad) {  // the epilogue producer warp, before its first C load of next_batch
+      const StageSignals& g = *signals_;
+      if (next_batch > 0 && next_batch < kMaxFusedStages && g.wait_flag[next_batch] != nullptr) {
+        // NOTE: as in FlagWaitMainloop, a timed-out wait is not repeated for later stages.
+        if (cute::elect_one_sync() && !timed_out_) timed_out_ = !WaitForStageC(g, next_batch);
+        __syncwarp();
+        // The peer's running sum came through its TMA unit; order our TMA (async proxy) loads
+        // after the acquire.
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+      }
+    } else {  // warp 0 of a consumer warpgroup, moving on to a later stage
+      ReportStored();
+    }
+    Base::template tensormaps_perform_update<IsLoad>(shared_tensormaps, params, tensormap,
+                                                     problem_shape_mnkl, next_batch,
+                                                     warp_group_idx);
+  }
+
+  template <class LoadPipeline, class LoadPipelineState, class StorePipeline,
+            class StorePipelineState, class ProblemShapeMNKL, class TileShapeMNK,
+            class TileCoordMNKL, class AccEngine, class AccLayout, class TiledMma,
+            class TensorMapD>
+  CUTLASS_DEVICE auto store(LoadPipeline load_pipeline,
+                            LoadPipelineState load_pipe_consumer_state,
+                            StorePipeline store_pipeline,
+                            StorePipelineState store_pipe_producer_state,
+                            ProblemShapeMNKL problem_shape_mnkl, TileShapeMNK tile_shape_MNK,
+                            TileCoordMNKL tile_coord_mnkl,
+                            cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
+                            int thread_idx, typename Base::TensorStorage& shared_tensors,
+                            TensorMapD const& store_tensormap, int subtile_idx = -1) {
+    auto next = Base::store(load_pipeline, load_pipe_consumer_state, store_pipeline,
+                            store_pipe_producer_state, problem_shape_mnkl, tile_shape_MNK,
+                            tile_coord_mnkl, accumulators, tiled_mma, thread_idx, shared_tensors,
+                            store_tensormap, subtile_idx);
+    // CUTLASS issues a tile's TMA stores from its epilogue thread 0: that thread's warp counts
+    // the tiles it stored of the current stage.
+    store_warp_ = thread_idx < cutlass::NumThreadsPerWarp;
+    stage_ = static_cast<int32_t>(cute::get<3>(tile_coord_mnkl));
+    ++tiles_;
+    return next;
+  }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto store_tail(Args&&... args) {
+    auto r = Base::store_tail(static_cast<Args&&>(args)...);
+    ReportStored();  // the last stage this CTA worked on
+    return r;
+  }
+
+ private:
+  // Called by whole warps.  The TMA-store warp waits until its stores of stage_ have landed in
+  // memory (not only left shared memory), then adds its tile count; the add that completes the
+  // stage resets the counter for the next grid and signals the peer.
+  CUTLASS_DEVICE void ReportStored() {
+    const StageSignals& g = *signals_;
+    if (g.counters == nullptr || !store_warp_ || tiles_ == 0) return;
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // every lane: its own groups
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    __syncwarp();
+    if (cute::elect_one_sync() && stage_ >= 0 && stage_ < kMaxFusedStages) {
+      uint32_t* counter = g.counters + stage_;
+      const uint32_t added = static_cast<uint32_t>(tiles_);
+      if (AtomicAddAcqRelSys(counter, added) + added == g.tiles_per_stage) {
+        // NOTE: the next grid reads the word only after this one has completed (its first
+        // instruction waits for the previous grid), so a plain store suffices.
+        *reinterpret_cast<volatile uint32_t*>(counter) = 0u;
+        if (g.done_flag[stage_] != nullptr) StoreReleaseSys(g.done_flag[stage_], g.epoch);
+      }
+    }
+    __syncwarp();
+    tiles_ = 0;
+  }
+
+  StageSignals const* signals_;
+  bool timed_out_ = false;  // this thread's C wait timed out before
+  bool store_warp_ = false;
+  int32_t stage_ = -1;
+  int32_t tiles_ = 0;
+};
+
 template <GemmConfig kConfig, class ElementAB, class ElementD, bool kHasC>
 struct Sm90FusedGemm {
   using Traits = ConfigTraits<kConfig>;
@@ -136,18 +293,19 @@ struct Sm90FusedGemm {
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using BaseEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Traits::TileShape,
       typename Traits::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc,
       ElementAcc, ElementC, Layout, kAlignD, ElementD, Layout, kAlignD,
       typename Schedules::Epilogue>::CollectiveOp;
+  using CollectiveEpilogue = SignalingEpilogue<BaseEpilogue>;
 
   using BaseMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, Layout, kAlignAB,
       ElementAB, Layout, kAlignAB, ElementAcc, typename Traits::TileShape,
       typename Traits::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+          sizeof(typename BaseEpilogue::SharedStorage))>,
       typename Schedules::Kernel>::CollectiveOp;
   using CollectiveMainloop = FlagWaitMainloop<BaseMainloop>;
 
@@ -237,7 +395,22 @@ struct FusedStageGemm {
     args.epilogue.thread.beta = kHasC ? o.beta : 0.f;
     if constexpr (kHasC) {
       args.epilogue.ptr_C = static_cast<const ElementD**>(static_cast<void*>(t + 2 * kMaxFusedStages));
+      if (f.stage_beta) {  // beta of stage s: the float at the start of table entry 4S + s
+        args.epilogue.thread.beta_ptr = reinterpret_cast<const float*>(t + kFusedBetaEntry);
+        args.epilogue.thread.dBeta = {_0{}, _0{}, int64_t{sizeof(void*) / sizeof(float)}};
+      }
     }
+    StageSignals& sig = args.epilogue.signals;
+    for (int s = 0; s < f.count; ++s) {
+      sig.wait_flag[s] = f.c_wait_flag[s];
+      sig.peer[s] = f.peer[s];
+      sig.done_flag[s] = f.done_flag[s];
+    }
+    sig.counters = f.counters;
+    sig.epoch = g.sync.wait_epoch;
+    sig.timeout_ns = g.sync.timeout_ns;
+    sig.error = g.sync.error;
+    sig.rank = g.sync.rank;
     args.epilogue.dC = stride_c;
     args.epilogue.ptr_D = static_cast<ElementD**>(static_cast<void*>(t + 3 * kMaxFusedStages));
     args.epilogue.dD = stride_d;
@@ -260,14 +433,26 @@ struct FusedStageGemm {
       return std::string("CUTLASS cannot implement this fused GEMM (") + GemmConfigName(kConfig) +
              "): check 16-byte alignment of every row pitch";
     }
+    if (f.stage_beta && !kHasC) return "fused GEMM: per-stage beta without a C operand";
     typename Kernel::Params params{};
     params.base = BaseKernel::to_underlying_arguments(args, g.workspace);
+    if (f.counters != nullptr) {
+      // Tiles per stage as CUTLASS's persistent scheduler enumerates them (cluster-padded).
+      const uint64_t blocks = params.base.scheduler.blocks_per_problem_;
+      if (blocks == 0 || blocks % f.count != 0 || blocks / f.count > UINT32_MAX) {
+        return "fused GEMM: unexpected tile count for per-stage completion";
+      }
+      params.base.epilogue.signals.tiles_per_stage = static_cast<uint32_t>(blocks / f.count);
+    }
     for (int s = 0; s < kMaxFusedStages; ++s) {
       const bool used = s < f.count;
       params.pointers.ptr[s] = used ? f.a[s] : nullptr;
       params.pointers.ptr[kMaxFusedStages + s] = used ? f.b[s] : nullptr;
       params.pointers.ptr[2 * kMaxFusedStages + s] = used ? f.c[s] : nullptr;
       params.pointers.ptr[3 * kMaxFusedStages + s] = used ? f.d[s] : nullptr;
+      uint64_t beta_bits = 0;  // the float in the entry's first (low, little-endian) 4 bytes
+      if (used) std::memcpy(&beta_bits, &f.beta[s], sizeof(float));
+      params.pointers.ptr[kFusedBetaEntry + s] = reinterpret_cast<const void*>(beta_bits);
     }
     params.table = f.table;
     params.trace_last = f.trace[f.count - 1];
