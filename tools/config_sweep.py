@@ -114,6 +114,46 @@ def sweep_case(case, index, devices, opts, args, log):
   return {"case": case.as_dict(), "rows": rows, "tuning": runtime.describe_tuning()}
 
 
+def sweep_local_case(case, index, devices, opts, args, log):
+  """--local: one stage of `case` on one GPU (the op at TP=1, bench_lib.local_stage_fn) against
+  XLA's dot of the same shape: the benchmark's local-GEMM ratio, per variant.  Stage kernels
+  (not the fused grid), so every compiled config is a candidate."""
+  single = SingleDeviceSharding(devices[0])
+  dt = case.jdtype
+  sm, sk, sn = case.stage_shape()
+  key = jax.random.fold_in(jax.random.key(opts.seed), index)
+  n_sets = bench_lib.rotation_sets(bench_lib._nbytes((sm, sk), dt) + bench_lib._nbytes((sk, sn), dt),
+                                   l2_bytes=opts.l2_bytes,
+                                   budget_bytes=opts.rotation_budget_bytes,
+                                   max_sets=opts.max_sets)
+  sets = bench_lib.make_sets(jax.random.fold_in(key, 2), n_sets, (sm, sk), (sk, sn), None, dt,
+                             (single,) * 3)
+  stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
+  xla = bench_lib.ideal_fn(stage_case).lower(*sets[0]).compile()
+  ours = jax.jit(bench_lib.local_stage_fn(case, devices[0])).lower(*sets[0]).compile()
+  ref_out = xla(*sets[0])
+  entries = [EnvTimed("ideal", xla, sets)]
+  errors = {}
+  stage_variants = [(n, e) for n, e in variants(
+      dataclasses.replace(case, schedule=bench_lib.parse_schedule("RS-TilA")), args)
+      if not n.startswith("rs_fused")]
+  for name, env in stage_variants:
+    e = EnvTimed(name, ours, sets, env=env)
+    e.run(1)
+    errors[name] = bench_lib.rel_err(ours(*sets[0]), ref_out)
+    entries.append(e)
+  del ref_out
+  bench_lib.time_interleaved(entries, opts, lambda msg: log(f"{case.label} stage: {msg}"))
+  rows = {e.name: bench_lib._timing_row(e) for e in entries}
+  for name, row in rows.items():
+    if name in errors:
+      row["rel_err"] = errors[name]
+    if rows["ideal"].get("ms") and row.get("ms"):
+      row["efficiency"] = rows["ideal"]["ms"] / row["ms"]  # here: XLA dot / ours
+  return {"case": case.as_dict(), "stage_shape": [sm, sk, sn], "rows": rows,
+          "tuning": runtime.describe_tuning()}
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--cases", nargs="+", required=True, help="SCHEDULE:M,K,N (global shape)")
@@ -124,11 +164,13 @@ def main(argv=None):
                   help="JAX_DISTGEMM_RS_FUSED values (ReduceScatter cases), one row each")
   ap.add_argument("--no-forced", dest="forced", action="store_false",
                   help="skip the forced config:raster:swizzle rows")
+  ap.add_argument("--local", action="store_true",
+                  help="time each case's stage GEMM alone on one GPU against XLA's dot")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--target-repeat-ms", type=float, default=30.0)
   ap.add_argument("--json")
   args = ap.parse_args(argv)
-  devices, platform, note = bench_lib.select_devices(2)
+  devices, platform, note = bench_lib.select_devices(1 if args.local else 2)
   if note:
     print(note, file=sys.stderr)
   opts = bench_lib.resolve_in_flight(
@@ -139,7 +181,8 @@ def main(argv=None):
   results = []
   for i, text in enumerate(args.cases):
     case = parse_case(text)
-    results.append(sweep_case(case, i, devices, opts, args, log))
+    sweep = sweep_local_case if args.local else sweep_case
+    results.append(sweep(case, i, devices, opts, args, log))
     rows = results[-1]["rows"]
     ranked = sorted((r["ms"], n) for n, r in rows.items() if r.get("ms") and n != "ideal")
     print(f"\n{case.label}: ideal {rows['ideal'].get('ms', float('nan')):.4f} ms")
