@@ -67,12 +67,14 @@ Forced ForcedVariant() {
 // JAX_DISTGEMM_TUNE: how candidates are timed.
 //   burst (default): a warm-up and the best of two launches each.
 //   sustained: the GPU is first kept busy for kHeatMs, then every candidate runs back-to-back
-//     launches for >= kTrialMs, in two interleaved rounds (per-launch mean, the better round):
-//     a power-capped GPU then runs each candidate at the clocks it sustains in a call loop.
+//     launches for >= kTrialMs (and >= 2 launches), in kRounds interleaved rounds (per-launch
+//     mean, the best round): a power-capped GPU then runs each candidate at the clocks it
+//     sustains in a call loop.
 enum TuneMode : int { kBurst = 0, kSustained = 1 };
 TuneMode ReadTuneMode() { return EnvEquals("JAX_DISTGEMM_TUNE", "sustained") ? kSustained : kBurst; }
 constexpr float kHeatMs = 100.f;
 constexpr float kTrialMs = 5.f;
+constexpr int kRounds = 3;
 
 Key MakeKey(const GemmLaunch& g, TuneMode mode) {
   return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
@@ -118,9 +120,11 @@ float TimeVariant(const GemmLaunch& trial, cudaStream_t stream, cudaEvent_t star
   return best;
 }
 
-// Launches per sustained trial: >= kTrialMs of work, from one launch's time.
+// Launches per sustained trial: >= kTrialMs of work and >= 2 launches, from one launch's time.
+// NOTE: at the seed shape a launch takes ~20 ms, and single launches ranked the top variants
+// within 1-2% noise (docs/performance.md, H3).
 int SustainedCount(float one_ms) {
-  return std::clamp(static_cast<int>(std::ceil(kTrialMs / std::max(one_ms, 1e-3f))), 1, 1000);
+  return std::clamp(static_cast<int>(std::ceil(kTrialMs / std::max(one_ms, 1e-3f))), 2, 1000);
 }
 
 }  // namespace
@@ -204,7 +208,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
         v.count = one > 0.f ? SustainedCount(one) : 0;
         v.ms = -1.f;
       }
-      for (int round = 0; round < 2; ++round) {
+      for (int round = 0; round < kRounds; ++round) {
         for (Variant& v : vs) {
           if (v.count == 0) continue;
           const float ms = TimeLaunches(make(v), v.count, stream, start, stop);
@@ -219,7 +223,8 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // (CUTLASS's raster heuristic, no swizzle), then both rasterizations (the heuristic picks
   // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
   // two fastest configs only: 7 + 2 x 8 variants, 3 launches each in burst mode; sustained
-  // mode adds kHeatMs and runs each for ~2 x kTrialMs (seed-shape stage: ~2 s in all).
+  // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
+  // stage: ~4 s in all).
   if (mode == kSustained) {
     Variant heat{configs[0], 0, 1};
     const float one = TimeLaunches(make(heat), 1, stream, start, stop);
