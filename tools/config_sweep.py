@@ -37,12 +37,17 @@ FUSED_CONFIGS = (0, 4, 6, 2)
 RASTERS = {1: "M", 2: "N"}
 
 
+# Every environment key some row sets: each row starts from none of them set.
+_ROW_KEYS = {"JAX_DISTGEMM_GEMM_CONFIG", "JAX_DISTGEMM_TUNE", "JAX_DISTGEMM_RS_FUSED"}
+
+
 @dataclasses.dataclass
 class EnvTimed(bench_lib.Timed):
   env: dict = dataclasses.field(default_factory=dict)
 
   def run(self, count: int, max_in_flight: int = 0):
-    for k in ("JAX_DISTGEMM_GEMM_CONFIG", "JAX_DISTGEMM_TUNE", "JAX_DISTGEMM_RS_FUSED"):
+    _ROW_KEYS.update(self.env)
+    for k in _ROW_KEYS:
       os.environ.pop(k, None)
     os.environ.update(self.env)
     super().run(count, max_in_flight)
@@ -60,6 +65,9 @@ def variants(case: bench_lib.Case, args) -> list[tuple[str, dict]]:
   if not case.schedule.is_all_gather:
     out += [(f"rs_fused_{m}", {"JAX_DISTGEMM_RS_FUSED": m})
             for m in args.rs_fused_modes.split(",") if m]
+  for spec in args.row:  # NAME:KEY=VALUE[,KEY=VALUE...]
+    name, _, env = spec.partition(":")
+    out.append((name, dict(kv.split("=", 1) for kv in env.split(",") if kv)))
   if args.forced:
     fused = case.schedule.is_all_gather  # AllGather calls run the fused kernel (TP <= 8, L = 1)
     for c in (FUSED_CONFIGS if fused else sorted(CONFIG_NAMES)):
@@ -164,6 +172,8 @@ def main(argv=None):
                   help="JAX_DISTGEMM_RS_FUSED values (ReduceScatter cases), one row each")
   ap.add_argument("--no-forced", dest="forced", action="store_false",
                   help="skip the forced config:raster:swizzle rows")
+  ap.add_argument("--row", action="append", default=[],
+                  help="an extra row NAME:KEY=VALUE[,KEY=VALUE...] (environment of our call)")
   ap.add_argument("--local", action="store_true",
                   help="time each case's stage GEMM alone on one GPU against XLA's dot")
   ap.add_argument("--repeats", type=int, default=5)
