@@ -65,13 +65,15 @@ Forced ForcedVariant() {
 }
 
 // JAX_DISTGEMM_TUNE: how candidates are timed.
-//   burst (default): a warm-up and the best of two launches each.
-//   sustained: the GPU is first kept busy for kHeatMs, then every candidate runs back-to-back
+//   sustained (default): the GPU is first kept busy for kHeatMs, then every candidate runs back-to-back
 //     launches for >= kTrialMs (and >= 2 launches), in kRounds interleaved rounds (per-launch
 //     mean, the best round): a power-capped GPU then runs each candidate at the clocks it
-//     sustains in a call loop.
+//     sustains in a call loop.  Under load these GPUs sit at their 700 W cap (SM clock
+//     1.1-1.5 GHz); on 2x H200 whole calls ran 1-13% faster with this mode's choices than
+//     with burst's on most suite shapes (docs/performance.md, H4).
+//   burst: a warm-up and the best of two single launches each (the GPU at boost clock).
 enum TuneMode : int { kBurst = 0, kSustained = 1 };
-TuneMode ReadTuneMode() { return EnvEquals("JAX_DISTGEMM_TUNE", "sustained") ? kSustained : kBurst; }
+TuneMode ReadTuneMode() { return EnvEquals("JAX_DISTGEMM_TUNE", "burst") ? kBurst : kSustained; }
 constexpr float kHeatMs = 100.f;
 constexpr float kTrialMs = 5.f;
 constexpr int kRounds = 3;
@@ -197,8 +199,8 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
                  GemmConfigName(v.config), RasterName(v.raster), v.swizzle, v.ms,
                  v.ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / v.ms : 0.0);
   };
-  // Times `vs` in place: burst, or (sustained) a warm-up launch that sizes the trial, then two
-  // interleaved rounds of back-to-back launches.
+  // Times `vs` in place: burst, or (sustained) a warm-up launch that sizes the trial, then
+  // kRounds interleaved rounds of back-to-back launches.
   auto time_all = [&](std::vector<Variant>& vs) {
     if (mode == kBurst) {
       for (Variant& v : vs) v.ms = TimeVariant(make(v), stream, start, stop);
@@ -281,7 +283,7 @@ std::string DescribeTuning() {
       << (std::get<3>(k) ? " +C" : "") << " m=" << std::get<4>(k) << " n=" << std::get<5>(k)
       << " k=" << std::get<6>(k) << " l=" << std::get<7>(k);
     if (std::get<9>(k) > 0) s << " fused stages=" << std::get<9>(k);
-    if (std::get<10>(k) == kSustained) s << " (sustained tuning)";
+    if (std::get<10>(k) == kBurst) s << " (burst tuning)";
     s << ": " << GemmConfigName(c.config)
       << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
       << " ms)\n";
