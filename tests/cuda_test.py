@@ -216,6 +216,28 @@ class CudaFusedStagesTest(parameterized.TestCase):
     self.assertEqual([fused] * len(tuned), ["fused stages=2" in line for line in tuned], tuned)
 
 
+def check_timeout_and_recovery(test, schedule, seed):
+  """Device 1 never delivers (no push, no signal): the call fails within 30 s naming stage 1,
+  and after jax_distgemm.reset() the same call is correct again."""
+  module = ffi_modules.module_for("cuda")
+  x, w, _ = test_util.random_inputs(seed, (512, 512), (512, 1024), jnp.bfloat16)
+  f, args = run_global(schedule, x, w, timeout_ms=500)
+  jax.block_until_ready(f(*args))
+  module.set_sync_check(True)
+  module.set_fault_device(GPUS[1].local_hardware_id)
+  try:
+    t0 = time.perf_counter()
+    with test.assertRaisesRegex(Exception, "timed out on GPU.*stage 1"):
+      jax.block_until_ready(f(*args))
+    test.assertLess(time.perf_counter() - t0, 30)
+  finally:
+    module.set_fault_device(-1)
+    module.set_sync_check(False)
+  jd.reset()
+  test.assertIsNone(jd.pending_error())
+  test.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
+
+
 class CudaFusedReduceScatterTest(parameterized.TestCase):
   """ReduceScatter with remote C runs as one fused grid (JAX_DISTGEMM_RS_FUSED, read per call):
   per-stage beta, C waits in the epilogue, completion counted by the grid itself."""
@@ -274,47 +296,15 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
       self.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
 
   def test_missing_peer_signal_times_out_and_recovers(self):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"
-    module = ffi_modules.module_for("cuda")
-    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
-    x, w, _ = test_util.random_inputs(41, (512, 512), (512, 1024), jnp.bfloat16)
-    f, args = run_global(schedule, x, w, timeout_ms=500)
-    jax.block_until_ready(f(*args))
-    module.set_sync_check(True)
-    module.set_fault_device(GPUS[1].local_hardware_id)  # device 1's grid never signals
-    try:
-      with self.assertRaisesRegex(Exception, "timed out on GPU.*stage 1"):
-        jax.block_until_ready(f(*args))
-    finally:
-      module.set_fault_device(-1)
-      module.set_sync_check(False)
-    jd.reset()
-    self.assertIsNone(jd.pending_error())
-    self.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"  # device 1's grid never signals stage 0 done
+    check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 41)
 
 
 class CudaReliabilityTest(absltest.TestCase):
 
   def test_forced_timeout_reports_error_and_recovers(self):
-    module = ffi_modules.module_for("cuda")
-    schedule = Schedule.AllGather1D_TilingCD_RotatingA
-    x, w, _ = test_util.random_inputs(5, (512, 512), (512, 1024), jnp.bfloat16)
-    f, args = run_global(schedule, x, w, timeout_ms=500)
-    jax.block_until_ready(f(*args))
-    module.set_sync_check(True)
-    module.set_fault_device(GPUS[1].local_hardware_id)  # device 1 never pushes its shard
-    try:
-      t0 = time.perf_counter()
-      with self.assertRaisesRegex(Exception, "timed out on GPU.*stage 1"):
-        jax.block_until_ready(f(*args))
-      self.assertLess(time.perf_counter() - t0, 30)
-    finally:
-      module.set_fault_device(-1)
-      module.set_sync_check(False)
-    jd.reset()
-    self.assertIsNone(jd.pending_error())
-    out = f(*args)
-    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-2)
+    # Device 1 never pushes its shard.
+    check_timeout_and_recovery(self, Schedule.AllGather1D_TilingCD_RotatingA, 5)
 
   def test_memory_stable_over_2000_calls_5_shapes(self):
     module = ffi_modules.module_for("cuda")

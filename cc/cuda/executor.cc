@@ -444,6 +444,22 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
   return "";
 }
 
+// ReduceScatter stage i of tile `tile`: A = my x rows (TilingA) or columns (TilingB) of that
+// tile, B = w's matching block, D = the running sum's slot `sum_slot` (pv), or out at the last
+// stage.  Shared by the fused and the stage-per-launch paths.
+void SetRsStageOperands(GemmOperands& o, const Problem& p, const CallBuffers& b, int tile,
+                        bool last, void* sum_slot) {
+  const MatrixView av = p.AView(tile), bv = p.BView(tile);
+  SetA(o, At(b.x, av.offset, p.in_type), av);
+  SetB(o, At(b.w, bv.offset, p.in_type), bv);
+  if (last) {
+    const MatrixView ov = p.OutView(tile);
+    SetD(o, At(b.out, ov.offset, p.out_type), ov);
+  } else {
+    SetD(o, sum_slot, p.PartialView());
+  }
+}
+
 // Whether a kRemoteC ReduceScatter runs as one fused grid (sm90_fused_gemm.cuh,
 // SignalingEpilogue): every stage has the same shape and pitches, one batch.
 bool FusesReduceScatter(const Problem& p, const CallOptions& o) {
@@ -474,17 +490,9 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
   f.counters = StageCounters(me);
   int64_t lda = -1, ldb = -1, ldd = -1;
   for (int i = 0; i < tp; ++i) {
-    const int tile = Sched::OutputTile(rank, i, tp);
     const bool last = i == tp - 1;
-    const MatrixView av = p.AView(tile), bv = p.BView(tile);
-    SetA(g.ops, At(b.x, av.offset, p.in_type), av);
-    SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
-    if (last) {
-      const MatrixView ov = p.OutView(tile);
-      SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
-    } else {
-      SetD(g.ops, Slot(me, p, epoch, i), pv);
-    }
+    SetRsStageOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), last,
+                       last ? nullptr : Slot(me, p, epoch, i));
     // NOTE: one set of leading dims for all stages (FusedStageGemm); the views agree for both
     // TilingA and TilingB (slot and out rows are sn wide), checked here anyway.
     if (i == 0) {
@@ -530,18 +538,10 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
   DeviceState& load_from = path == kRsPush ? me : prev;
   const MatrixView pv = p.PartialView();
   for (int i = 0; i < tp; ++i) {
-    const int tile = Sched::OutputTile(rank, i, tp);
     const bool last = i == tp - 1;
     GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-    const MatrixView av = p.AView(tile), bv = p.BView(tile);
-    SetA(g.ops, At(b.x, av.offset, p.in_type), av);
-    SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
-    if (last) {
-      const MatrixView ov = p.OutView(tile);
-      SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
-    } else {
-      SetD(g.ops, Slot(store_to, p, epoch, i), pv);
-    }
+    SetRsStageOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), last,
+                       last ? nullptr : Slot(store_to, p, epoch, i));
     if (i > 0 && path != kRsCopyAdd) {
       SetC(g.ops, Slot(load_from, p, epoch, i - 1), pv, 1.f);  // the left neighbour's running sum
       SetWait(g.sync, me, i, 0, epoch, Sched::Source(rank, i, tp));
