@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -59,18 +58,19 @@ def parse_case(text: str) -> bench_lib.Case:
   return bench_lib.Case(bench_lib.parse_schedule(sched), m, k, n)
 
 
-def variants(case: bench_lib.Case, args) -> list[tuple[str, dict]]:
-  """(row name, environment) of every variant timed for `case`."""
+def variants(args, *, fused_kernel: bool, reduce_scatter: bool) -> list[tuple[str, dict]]:
+  """(row name, environment) of every variant timed for one case.  `fused_kernel`: the call
+  runs the fused grid, so only fused configs can be forced; `reduce_scatter`: add the
+  JAX_DISTGEMM_RS_FUSED rows."""
   out = [(f"auto_{m}", {"JAX_DISTGEMM_TUNE": m}) for m in args.tune_modes.split(",") if m]
-  if not case.schedule.is_all_gather:
+  if reduce_scatter:
     out += [(f"rs_fused_{m}", {"JAX_DISTGEMM_RS_FUSED": m})
             for m in args.rs_fused_modes.split(",") if m]
   for spec in args.row:  # NAME:KEY=VALUE[,KEY=VALUE...]
     name, _, env = spec.partition(":")
     out.append((name, dict(kv.split("=", 1) for kv in env.split(",") if kv)))
   if args.forced:
-    fused = case.schedule.is_all_gather  # AllGather calls run the fused kernel (TP <= 8, L = 1)
-    for c in (FUSED_CONFIGS if fused else sorted(CONFIG_NAMES)):
+    for c in (FUSED_CONFIGS if fused_kernel else sorted(CONFIG_NAMES)):
       for r, rname in RASTERS.items():
         for s in (int(v) for v in args.swizzles.split(",")):
           out.append((f"{CONFIG_NAMES[c]}/r{rname}/s{s}",
@@ -78,40 +78,29 @@ def variants(case: bench_lib.Case, args) -> list[tuple[str, dict]]:
   return out
 
 
-def sweep_case(case, index, devices, opts, args, log):
-  mesh = Mesh(np.array(devices), ("tp",))
-  shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
-  xg, wg, _ = case.global_shapes()
-  dt = case.jdtype
-  key = jax.random.fold_in(jax.random.key(opts.seed), index)
-  set_bytes = (bench_lib._nbytes(xg, dt) + bench_lib._nbytes(wg, dt)) // case.tp
-  n_sets = bench_lib.rotation_sets(set_bytes, l2_bytes=opts.l2_bytes,
-                                   budget_bytes=opts.rotation_budget_bytes,
-                                   max_sets=opts.max_sets)
-  sets = bench_lib.make_sets(jax.random.fold_in(key, 0), n_sets, xg, wg, None, dt, shardings)
-  ref = bench_lib.distributed_fn(case, mesh, "reference").lower(*sets[0]).compile()
-  ref_out = ref(*sets[0])
-  ours = bench_lib.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
+def rotating_sets(key, x_shape, w_shape, dtype, shardings, opts):
+  """Fresh random (x, w) sets, enough of them that consecutive calls miss in L2."""
+  nbytes = bench_lib._nbytes(x_shape, dtype) + bench_lib._nbytes(w_shape, dtype)
+  shards = len(shardings[0].device_set)  # bytes per device of a sharded set
+  count = bench_lib.rotation_sets(nbytes // shards, l2_bytes=opts.l2_bytes,
+                                  budget_bytes=opts.rotation_budget_bytes,
+                                  max_sets=opts.max_sets)
+  return bench_lib.make_sets(key, count, x_shape, w_shape, None, dtype, shardings)
 
-  single = SingleDeviceSharding(devices[0])
-  xi, wi, _ = case.ideal_shapes()
-  n_ideal = bench_lib.rotation_sets(bench_lib._nbytes(xi, dt) + bench_lib._nbytes(wi, dt),
-                                    l2_bytes=opts.l2_bytes,
-                                    budget_bytes=opts.rotation_budget_bytes,
-                                    max_sets=opts.max_sets)
-  ideal_sets = bench_lib.make_sets(jax.random.fold_in(key, 1), n_ideal, xi, wi, None, dt,
-                                   (single,) * 3)
-  ideal = bench_lib.ideal_fn(case).lower(*ideal_sets[0]).compile()
 
-  entries = [EnvTimed("ideal", ideal, ideal_sets)]
+def time_rows(label, baseline, baseline_sets, ours, sets, ref, named_envs, opts, log):
+  """Times the baseline ("ideal" row) and `ours` once per (name, environment), in interleaved
+  rounds; each row's error against `ref` on set 0, and baseline / ours as "efficiency"."""
+  entries = [EnvTimed("ideal", baseline, baseline_sets)]
   errors = {}
-  for name, env in variants(case, args):
+  ref_out = ref(*sets[0])
+  for name, env in named_envs:
     e = EnvTimed(name, ours, sets, env=env)
     e.run(1)  # tunes (auto rows) before the timed rounds
     errors[name] = bench_lib.rel_err(ours(*sets[0]), ref_out)
     entries.append(e)
-  del ref_out
-  bench_lib.time_interleaved(entries, opts, lambda msg: log(f"{case.label}: {msg}"))
+  del ref_out  # the seed shape's output is GiBs per device: not kept while timing
+  bench_lib.time_interleaved(entries, opts, lambda msg: log(f"{label}: {msg}"))
   rows = {e.name: bench_lib._timing_row(e) for e in entries}
   ideal_ms = rows["ideal"].get("ms")
   for name, row in rows.items():
@@ -119,45 +108,43 @@ def sweep_case(case, index, devices, opts, args, log):
       row["rel_err"] = errors[name]
     if ideal_ms and row.get("ms"):
       row["efficiency"] = ideal_ms / row["ms"]
+  return rows
+
+
+def sweep_case(case, index, devices, opts, args, log):
+  """Whole calls at TP=2 against the ideal (XLA's dot of one device's share, on device 0)."""
+  mesh = Mesh(np.array(devices), ("tp",))
+  shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
+  xg, wg, _ = case.global_shapes()
+  key = jax.random.fold_in(jax.random.key(opts.seed), index)
+  sets = rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
+  ref = bench_lib.distributed_fn(case, mesh, "reference").lower(*sets[0]).compile()
+  ours = bench_lib.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
+  xi, wi, _ = case.ideal_shapes()
+  ideal_sets = rotating_sets(jax.random.fold_in(key, 1), xi, wi, case.jdtype,
+                             (SingleDeviceSharding(devices[0]),) * 3, opts)
+  ideal = bench_lib.ideal_fn(case).lower(*ideal_sets[0]).compile()
+  # AllGather calls run the fused grid (TP <= 8, L = 1); ReduceScatter has its path switch.
+  named_envs = variants(args, fused_kernel=case.schedule.is_all_gather,
+                        reduce_scatter=not case.schedule.is_all_gather)
+  rows = time_rows(case.label, ideal, ideal_sets, ours, sets, ref, named_envs, opts, log)
   return {"case": case.as_dict(), "rows": rows, "tuning": runtime.describe_tuning()}
 
 
 def sweep_local_case(case, index, devices, opts, args, log):
   """--local: one stage of `case` on one GPU (the op at TP=1, bench_lib.local_stage_fn) against
-  XLA's dot of the same shape: the benchmark's local-GEMM ratio, per variant.  Stage kernels
-  (not the fused grid), so every compiled config is a candidate."""
-  single = SingleDeviceSharding(devices[0])
-  dt = case.jdtype
+  XLA's dot of the same shape: the benchmark's local-GEMM ratio, per variant ("efficiency" is
+  XLA dot / ours).  Stage kernels (not the fused grid), so every compiled config is a
+  candidate."""
   sm, sk, sn = case.stage_shape()
   key = jax.random.fold_in(jax.random.key(opts.seed), index)
-  n_sets = bench_lib.rotation_sets(bench_lib._nbytes((sm, sk), dt) + bench_lib._nbytes((sk, sn), dt),
-                                   l2_bytes=opts.l2_bytes,
-                                   budget_bytes=opts.rotation_budget_bytes,
-                                   max_sets=opts.max_sets)
-  sets = bench_lib.make_sets(jax.random.fold_in(key, 2), n_sets, (sm, sk), (sk, sn), None, dt,
-                             (single,) * 3)
-  stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
-  xla = bench_lib.ideal_fn(stage_case).lower(*sets[0]).compile()
+  sets = rotating_sets(jax.random.fold_in(key, 2), (sm, sk), (sk, sn), case.jdtype,
+                       (SingleDeviceSharding(devices[0]),) * 3, opts)
+  xla = bench_lib.ideal_fn(dataclasses.replace(case, alpha=1.0, beta=0.0))
+  xla = xla.lower(*sets[0]).compile()
   ours = jax.jit(bench_lib.local_stage_fn(case, devices[0])).lower(*sets[0]).compile()
-  ref_out = xla(*sets[0])
-  entries = [EnvTimed("ideal", xla, sets)]
-  errors = {}
-  stage_variants = [(n, e) for n, e in variants(
-      dataclasses.replace(case, schedule=bench_lib.parse_schedule("RS-TilA")), args)
-      if not n.startswith("rs_fused")]
-  for name, env in stage_variants:
-    e = EnvTimed(name, ours, sets, env=env)
-    e.run(1)
-    errors[name] = bench_lib.rel_err(ours(*sets[0]), ref_out)
-    entries.append(e)
-  del ref_out
-  bench_lib.time_interleaved(entries, opts, lambda msg: log(f"{case.label} stage: {msg}"))
-  rows = {e.name: bench_lib._timing_row(e) for e in entries}
-  for name, row in rows.items():
-    if name in errors:
-      row["rel_err"] = errors[name]
-    if rows["ideal"].get("ms") and row.get("ms"):
-      row["efficiency"] = rows["ideal"]["ms"] / row["ms"]  # here: XLA dot / ours
+  named_envs = variants(args, fused_kernel=False, reduce_scatter=False)
+  rows = time_rows(f"{case.label} stage", xla, sets, ours, sets, xla, named_envs, opts, log)
   return {"case": case.as_dict(), "stage_shape": [sm, sk, sn], "rows": rows,
           "tuning": runtime.describe_tuning()}
 
