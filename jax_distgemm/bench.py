@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                  help="repeats; the median is reported (default 7)")
   g.add_argument("--target-repeat-ms", type=float, default=30.0,
                  help="with no --iterations: calls per repeat ~ this / time per call")
+  g.add_argument("--heat-ms", type=float, default=30.0,
+                 help="untimed calls of the same row (~ this many ms, at least one) before "
+                 "each timed repeat, so that a repeat sees the row's own sustained clocks, not "
+                 "the previous row's; 0: none (default 30)")
   g.add_argument("--eps", type=float, default=None,
                  help="max relative Frobenius error of ffi/auto/xla vs reference (default "
                  "1e-2 for bf16, 2e-3 for fp16, 1e-3 for fp32)")
@@ -154,7 +158,7 @@ def resolve_cases(args: argparse.Namespace, platform: str) -> list[bl.Case]:
 def options(args: argparse.Namespace) -> bl.Options:
   return bl.Options(
       iterations=args.iterations, warmup=max(0, args.warmup_iterations), repeats=args.repeats,
-      target_repeat_ms=args.target_repeat_ms, eps=args.eps,
+      target_repeat_ms=args.target_repeat_ms, heat_ms=max(0.0, args.heat_ms), eps=args.eps,
       l2_bytes=int(args.l2_mb * 2**20),
       rotation_budget_bytes=int(args.rotation_budget_gb * 2**30), max_sets=args.max_sets,
       seed=args.seed, local_gemm=args.local_gemm, want=args.want,
@@ -207,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
       **env, "argv": argv, "tp": args.tp, "dtype": args.dtype,
       "timing": {"iterations": args.iterations, "warmup_iterations": opts.warmup,
                  "repeats": opts.repeats, "target_repeat_ms": opts.target_repeat_ms,
-                 "max_in_flight": opts.max_in_flight,
+                 "max_in_flight": opts.max_in_flight, "heat_ms": opts.heat_ms,
                  "statistic": "median over repeats of (wall time of N back-to-back calls + one "
-                              "block_until_ready) / N; repeats interleaved across rows"},
+                              "block_until_ready) / N; repeats interleaved across rows in a "
+                              "seeded shuffled order, each after ~heat_ms of untimed calls "
+                              "of the same row (their times: ms_after_switch)"},
       "l2_bytes": opts.l2_bytes, "rotation_budget_bytes": opts.rotation_budget_bytes,
       "rows": list(bl.ROWS), "ours": bl.OURS, "baselines": list(bl.BASELINES),
       "gated": list(bl.GATED), "windowed_einsum_xla_flags": child_flags,

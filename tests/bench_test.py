@@ -217,6 +217,43 @@ class BenchLibTest(absltest.TestCase):
     self.assertEqual(bl.rotation_sets(1024, **kw), 32)  # tiny: capped
     self.assertEqual(bl.rotation_sets(6 * 2**30, **kw), 1)  # over budget: one set
 
+  def test_round_order_varies_predecessors(self):
+    rows = list(range(6))
+    orders = [bl.round_order(rows, seed=0, r=r) for r in range(7)]
+    for order in orders:
+      self.assertCountEqual(order, rows)  # a permutation: every row once per round
+    self.assertEqual(orders, [bl.round_order(rows, seed=0, r=r) for r in range(7)])  # seeded
+    # Unlike a rotation of one order, the row before a given row changes between rounds.
+    before = {o[o.index(3) - 1] for o in orders if o.index(3) > 0}
+    self.assertGreater(len(before), 1)
+
+  def test_heat_runs_before_each_timed_repeat(self):
+    calls = []
+
+    def call(x):
+      calls.append(x)
+      return x
+
+    opts = bl.Options(iterations=3, warmup=1, repeats=2, heat_ms=1e-6)
+    e = bl.Timed("row", call, [(1,), (2,)])
+    bl.time_interleaved([e], opts, lambda msg: None)
+    self.assertEqual(e.heat_calls, 1)  # at least one call, however short heat_ms
+    # warm-up 1 + estimate 2, then per repeat: 1 heat call + 3 timed calls.
+    self.assertLen(calls, 1 + 2 + 2 * (1 + 3))
+    row = bl._timing_row(e)
+    self.assertLen(row["ms_repeats"], 2)
+    self.assertLen(row["ms_after_switch_repeats"], 2)
+    self.assertEqual(row["heat_calls"], 1)
+    self.assertGreater(row["ms_after_switch"], 0)
+
+    calls.clear()
+    e = bl.Timed("row", call, [(1,), (2,)])
+    bl.time_interleaved([e], bl.Options(iterations=3, warmup=1, repeats=2, heat_ms=0),
+                        lambda msg: None)
+    self.assertEqual(e.heat_calls, 0)
+    self.assertLen(calls, 1 + 2 + 2 * 3)
+    self.assertIsNone(bl._timing_row(e)["ms_after_switch"])
+
   def test_case_shapes(self):
     m, k, n, tp = 8, 16, 32, 2
     ideal = {s: bl.Case(s, m, k, n, tp=tp).ideal_shapes() for s in Schedule}

@@ -165,6 +165,8 @@ def main(argv=None):
                   help="time each case's stage GEMM alone on one GPU against XLA's dot")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--target-repeat-ms", type=float, default=30.0)
+  ap.add_argument("--heat-ms", type=float, default=30.0,
+                  help="untimed calls of a row before each of its repeats (bench's --heat-ms)")
   ap.add_argument("--json")
   args = ap.parse_args(argv)
   devices, platform, note = bench_lib.select_devices(1 if args.local else 2)
@@ -172,7 +174,7 @@ def main(argv=None):
     print(note, file=sys.stderr)
   opts = bench_lib.resolve_in_flight(
       bench_lib.Options(repeats=args.repeats, target_repeat_ms=args.target_repeat_ms,
-                        warmup=2), platform)
+                        heat_ms=max(0.0, args.heat_ms), warmup=2), platform)
   t0 = time.time()
   log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
   results = []

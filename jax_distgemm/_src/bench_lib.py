@@ -27,6 +27,7 @@ import json
 import math
 import os
 import platform as platform_mod
+import random
 import re
 import statistics
 import subprocess
@@ -216,6 +217,9 @@ class Options:
   warmup: int = 5
   repeats: int = 7
   target_repeat_ms: float = 30.0
+  # Untimed calls of the same row right before each of its timed repeats (~ this many ms, at
+  # least one call; 0: none).  See time_interleaved.
+  heat_ms: float = 30.0
   eps: float | None = None
   l2_bytes: int = 60 * 2**20
   rotation_budget_bytes: int = 8 * 2**30
@@ -453,8 +457,11 @@ class Timed:
   call: Callable
   sets: list
   iterations: int = 0
+  heat_calls: int = 0  # untimed calls before each timed repeat
   pos: int = 0  # next set to use
   times: list = dataclasses.field(default_factory=list)
+  # ms per call of each repeat's heat run: the row entered straight after another row.
+  times_after_switch: list = dataclasses.field(default_factory=list)
   failure: dict | None = None
 
   def run(self, count: int, max_in_flight: int = 0):
@@ -467,32 +474,55 @@ class Timed:
         jax.block_until_ready(out)
     jax.block_until_ready(out)
 
+  def timed_run(self, count: int, max_in_flight: int = 0) -> float:
+    """ms per call of `count` back-to-back calls (wall time up to the final block)."""
+    t0 = time.perf_counter()
+    self.run(count, max_in_flight)
+    return (time.perf_counter() - t0) * 1e3 / count
+
+
+def round_order(entries: list, seed: int, r: int) -> list:
+  """Round r's order: a seeded shuffle, so that a row does not always follow the same row.
+
+  NOTE: rotating one fixed order (as this did until 2026-11-30) keeps every row's predecessor the
+  same in every round: on 2x H200 the ideal then always ran after a communication-bound row,
+  on a GPU below its power cap, and read up to 17% faster than when it followed a GEMM
+  (docs/performance.md, I1).
+  """
+  order = list(entries)
+  random.Random(seed * 1_000_003 + r).shuffle(order)
+  return order
+
 
 def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[str], None]):
-  """Warm-up, then `opts.repeats` rounds; in each round every live entry runs one repeat, in an
-  order rotated from round to round."""
+  """Warm-up, then `opts.repeats` rounds; in each round every live entry runs one repeat, in a
+  shuffled order (round_order).
+
+  Each repeat is preceded by ~opts.heat_ms of untimed calls of the same row, so that it is
+  timed in the row's own sustained state (clocks, power cap), not in what the previous row
+  left behind: these GPUs run GEMMs at their power cap, and a row entered from a lighter one
+  runs its first milliseconds faster.  The heat runs' own times are kept as
+  `ms_after_switch` for comparison.
+  """
   for e in entries:
     def warm(e=e):
       e.run(max(1, opts.warmup), opts.max_in_flight)
+      est_ms = e.timed_run(2, opts.max_in_flight)
+      e.heat_calls = (0 if opts.heat_ms <= 0 else
+                      int(min(500, max(1, math.ceil(opts.heat_ms / max(est_ms, 1e-4))))))
       if opts.iterations:
         return opts.iterations
-      t0 = time.perf_counter()
-      e.run(2, opts.max_in_flight)
-      est_ms = (time.perf_counter() - t0) * 1e3 / 2
       return int(min(500, max(10, math.ceil(opts.target_repeat_ms / max(est_ms, 1e-4)))))
     e.iterations, e.failure = guarded(warm)
   for r in range(opts.repeats):
     progress(f"repeat {r + 1}/{opts.repeats}")
-    # Rotate the order each round: a row that always runs right after a heavy one (warmer
-    # GPU, lower clocks) was measured up to 8% slow on 2x H200 (docs/performance.md).
-    shift = r % max(1, len(entries))
-    for e in entries[shift:] + entries[:shift]:
+    for e in round_order(entries, opts.seed, r):
       if e.failure:
         continue
       def one(e=e):
-        t0 = time.perf_counter()
-        e.run(e.iterations, opts.max_in_flight)
-        return (time.perf_counter() - t0) * 1e3 / e.iterations
+        if e.heat_calls:
+          e.times_after_switch.append(e.timed_run(e.heat_calls, opts.max_in_flight))
+        return e.timed_run(e.iterations, opts.max_in_flight)
       ms, e.failure = guarded(one)
       if ms is not None:
         e.times.append(ms)
@@ -504,7 +534,11 @@ def _timing_row(e: Timed) -> dict:
   t = e.times
   return {"status": "ok", "reason": None, "ms": statistics.median(t), "ms_min": min(t),
           "ms_max": max(t), "spread": (max(t) - min(t)) / statistics.median(t),
-          "ms_repeats": t, "calls_per_repeat": e.iterations, "rotation_sets": len(e.sets)}
+          "ms_repeats": t, "calls_per_repeat": e.iterations, "rotation_sets": len(e.sets),
+          "heat_calls": e.heat_calls,
+          "ms_after_switch": (statistics.median(e.times_after_switch)
+                              if e.times_after_switch else None),
+          "ms_after_switch_repeats": e.times_after_switch}
 
 
 # -- One case ---------------------------------------------------------------------------------------
