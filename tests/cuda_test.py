@@ -9,6 +9,7 @@ never write fails the comparison.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -181,6 +182,16 @@ class CudaStressTest(parameterized.TestCase):
                                  rtol=1e-3, atol=1e-1 * np.sqrt(y.size))
 
 
+@contextlib.contextmanager
+def new_tuning_lines(module):
+  """Yields a list that holds, once the block exits, the tuning-table lines it added: the
+  launches a case tuned, which tell the path it took (fused launches list their stages)."""
+  before = set(module.describe_tuning().splitlines())
+  added = []
+  yield added
+  added.extend(line for line in module.describe_tuning().splitlines() if line not in before)
+
+
 class CudaFusedStagesTest(parameterized.TestCase):
   """AllGather runs all stages in one fused grid by default; the stage path stays available."""
 
@@ -198,20 +209,19 @@ class CudaFusedStagesTest(parameterized.TestCase):
     # A shape per case, so that each case tunes (and so lists) its own launches.
     variant = 4 * (schedule == Schedule.AllGather1D_TilingCD_RotatingB) + 2 * with_c + fused
     m += 16 * TP * variant
-    tuned_before = set(module.describe_tuning().splitlines())
     x, w, _ = test_util.random_inputs(hash((schedule, fused, with_c)) % 2**31, (m, k), (k, n),
                                       jnp.bfloat16)
     c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), jnp.bfloat16)
          if with_c else None)
     alpha, beta = (0.5, -0.75) if with_c else (1.0, 0.0)
-    f, args = run_global(schedule, x, w, c, alpha=alpha, beta=beta)
     ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
-    for rep in range(3):  # both parities of the slots and of the fused pointer tables
-      out = f(*args)
-      self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
-      self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
+    with new_tuning_lines(module) as tuned:
+      f, args = run_global(schedule, x, w, c, alpha=alpha, beta=beta)
+      for rep in range(3):  # both parities of the slots and of the fused pointer tables
+        out = f(*args)
+        self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
+        self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
     # The path taken shows in the tuning table: fused launches are tuned as such.
-    tuned = [line for line in module.describe_tuning().splitlines() if line not in tuned_before]
     self.assertNotEmpty(tuned)
     self.assertEqual([fused] * len(tuned), ["fused stages=2" in line for line in tuned], tuned)
 
@@ -256,16 +266,15 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     m, k, n = SHAPES[shape]
     variant = 2 * (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC) + (mode == "all")
     m += 16 * TP * (variant + 8)  # a shape per case: each tunes (and so lists) its launches
-    tuned_before = set(module.describe_tuning().splitlines())
     x, w, _ = test_util.random_inputs(hash((schedule, mode, shape)) % 2**31, (m, k), (k, n),
                                       jnp.bfloat16)
-    f, args = run_global(schedule, x, w)
     ref = test_util.reference_np(x, w)
-    for rep in range(3):  # both parities of the slots and pointer tables; counters reset
-      out = f(*args)
-      self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
-      self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
-    tuned = [line for line in module.describe_tuning().splitlines() if line not in tuned_before]
+    with new_tuning_lines(module) as tuned:
+      f, args = run_global(schedule, x, w)
+      for rep in range(3):  # both parities of the slots and pointer tables; counters reset
+        out = f(*args)
+        self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
+        self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
     self.assertNotEmpty(tuned)
     fused = ["fused stages=2" in line for line in tuned]
     self.assertEqual([mode == "all"] * len(tuned), fused, tuned)
@@ -274,13 +283,12 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     module = ffi_modules.module_for("cuda")
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
     m, k, n = 384, 4 * 2048 + 2 * 64, 512  # stage k = K/TP > 2048: remote C
-    tuned_before = set(module.describe_tuning().splitlines())
     x, w, _ = test_util.random_inputs(21, (m, k), (k, n), jnp.bfloat16)
-    f, args = run_global(schedule, x, w)
     ref = test_util.reference_np(x, w)
-    for rep in range(2):
-      self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
-    tuned = [line for line in module.describe_tuning().splitlines() if line not in tuned_before]
+    with new_tuning_lines(module) as tuned:
+      f, args = run_global(schedule, x, w)
+      for rep in range(2):
+        self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
     self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
 
   def test_back_to_back_calls_alternating_shapes(self):

@@ -108,10 +108,8 @@ float TimeLaunches(const GemmLaunch& g, int count, cudaStream_t stream, cudaEven
   return ms / static_cast<float>(count);
 }
 
-// Burst timing: warm-up, then the best of two single launches; < 0 on failure.
-float TimeVariant(const GemmLaunch& trial, cudaStream_t stream, cudaEvent_t start,
-                  cudaEvent_t stop) {
-  const GemmLaunch g = TrialLaunch(trial);
+// Burst timing of a TrialLaunch: warm-up, then the best of two single launches; < 0 on failure.
+float TimeBurst(const GemmLaunch& g, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
   if (!LaunchGemm(g, stream).empty()) return -1.f;  // warm-up (also rejects unsupported)
   float best = -1.f;
   for (int rep = 0; rep < 2; ++rep) {
@@ -203,7 +201,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // kRounds interleaved rounds of back-to-back launches.
   auto time_all = [&](std::vector<Variant>& vs) {
     if (mode == kBurst) {
-      for (Variant& v : vs) v.ms = TimeVariant(make(v), stream, start, stop);
+      for (Variant& v : vs) v.ms = TimeBurst(make(v), stream, start, stop);
     } else {
       for (Variant& v : vs) {
         const float one = TimeLaunches(make(v), 1, stream, start, stop);

@@ -66,10 +66,26 @@ struct StageWaits {
 };
 
 // Out of line: the producer warp runs on few registers (setmaxnreg), and inlined here the
-// wait made the kernel spill.  Returns false on timeout.
+// wait made the kernel spill.  Returns false on timeout.  Serves the mainloop's operand waits
+// and the epilogue's C waits alike.
 static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t stage) {
   return WaitFlagUntil(w.flag[stage], w.epoch, w.timeout_ns, w.error, w.rank, stage,
                        w.peer[stage]);
+}
+
+// The waits of a fused launch on `flags` (FusedStages::wait_flag or c_wait_flag), with the
+// launch's epoch, timeout, error record and rank; no trace.
+inline StageWaits MakeWaits(const GemmLaunch& g, const uint32_t* const (&flags)[kMaxFusedStages]) {
+  StageWaits w;
+  for (int s = 0; s < g.fused.count; ++s) {
+    w.flag[s] = flags[s];
+    w.peer[s] = g.fused.peer[s];
+  }
+  w.epoch = g.sync.wait_epoch;
+  w.timeout_ns = g.sync.timeout_ns;
+  w.error = g.sync.error;
+  w.rank = g.sync.rank;
+  return w;
 }
 
 // The CUTLASS ptr-array mainloop, unchanged except that switching the TMA descriptors to
@@ -144,15 +160,10 @@ struct FlagWaitMainloop : Base_ {
 // Stage 0 has no running sum: its beta is 0 (per-stage beta, FusedStages::stage_beta), and
 // CUTLASS's epilogue then skips its C loads tile by tile.
 struct StageSignals {
-  const uint32_t* wait_flag[kMaxFusedStages] = {};  // C of stage s is ready: >= epoch
-  int32_t peer[kMaxFusedStages] = {};
-  uint32_t* done_flag[kMaxFusedStages] = {};  // set to epoch when stage s is stored here
+  StageWaits c_waits;  // flag[s]: C of stage s is ready (>= epoch); no trace
+  uint32_t* done_flag[kMaxFusedStages] = {};  // set to c_waits.epoch when stage s is stored here
   uint32_t* counters = nullptr;  // nullptr: no completion tracking
   uint32_t tiles_per_stage = 0;  // set by the launch from CUTLASS's scheduler parameters
-  uint32_t epoch = 0;
-  uint64_t timeout_ns = 0;
-  ErrorRecord* error = nullptr;
-  int32_t rank = 0;
 };
 
 __device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* p, uint32_t v) {
@@ -162,12 +173,6 @@ __device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* p, uint32_t v) 
                : "l"(p), "r"(v)
                : "memory");
   return old;
-}
-
-// Out of line, as WaitForStage.
-static __device__ __noinline__ bool WaitForStageC(const StageSignals& g, int32_t stage) {
-  return WaitFlagUntil(g.wait_flag[stage], g.epoch, g.timeout_ns, g.error, g.rank, stage,
-                       g.peer[stage]);
 }
 
 // The CUTLASS ptr-array epilogue, unchanged except for the C wait and the completion count
@@ -203,10 +208,10 @@ struct SignalingEpilogue : Base_ {
                                                 ProblemShape_MNKL problem_shape_mnkl,
                                                 int32_t next_batch, int32_t warp_group_idx) {
     if constexpr (IsLoad) {  // the epilogue producer warp, before its first C load of next_batch
-      const StageSignals& g = *signals_;
-      if (next_batch > 0 && next_batch < kMaxFusedStages && g.wait_flag[next_batch] != nullptr) {
+      const StageWaits& w = signals_->c_waits;
+      if (next_batch > 0 && next_batch < kMaxFusedStages && w.flag[next_batch] != nullptr) {
         // NOTE: as in FlagWaitMainloop, a timed-out wait is not repeated for later stages.
-        if (cute::elect_one_sync() && !timed_out_) timed_out_ = !WaitForStageC(g, next_batch);
+        if (cute::elect_one_sync() && !timed_out_) timed_out_ = !WaitForStage(w, next_batch);
         __syncwarp();
         // The peer's running sum came through its TMA unit; order our TMA (async proxy) loads
         // after the acquire.
@@ -269,7 +274,7 @@ struct SignalingEpilogue : Base_ {
         // NOTE: the next grid reads the word only after this one has completed (its first
         // instruction waits for the previous grid), so a plain store suffices.
         *reinterpret_cast<volatile uint32_t*>(counter) = 0u;
-        if (g.done_flag[stage_] != nullptr) StoreReleaseSys(g.done_flag[stage_], g.epoch);
+        if (g.done_flag[stage_] != nullptr) StoreReleaseSys(g.done_flag[stage_], g.c_waits.epoch);
       }
     }
     __syncwarp();
@@ -381,16 +386,8 @@ struct FusedStageGemm {
     args.mainloop.dA = stride_a;
     args.mainloop.ptr_B = static_cast<const ElementAB**>(static_cast<void*>(t + kMaxFusedStages));
     args.mainloop.dB = stride_b;
-    StageWaits& w = args.mainloop.waits;
-    for (int s = 0; s < f.count; ++s) {
-      w.flag[s] = f.wait_flag[s];
-      w.peer[s] = f.peer[s];
-    }
-    w.epoch = g.sync.wait_epoch;
-    w.timeout_ns = g.sync.timeout_ns;
-    w.error = g.sync.error;
-    w.rank = g.sync.rank;
-    for (int s = 0; s < f.count; ++s) w.trace[s] = f.trace[s];
+    args.mainloop.waits = MakeWaits(g, f.wait_flag);
+    for (int s = 0; s < f.count; ++s) args.mainloop.waits.trace[s] = f.trace[s];
     args.epilogue.thread.alpha = o.alpha;
     args.epilogue.thread.beta = kHasC ? o.beta : 0.f;
     if constexpr (kHasC) {
@@ -401,16 +398,9 @@ struct FusedStageGemm {
       }
     }
     StageSignals& sig = args.epilogue.signals;
-    for (int s = 0; s < f.count; ++s) {
-      sig.wait_flag[s] = f.c_wait_flag[s];
-      sig.peer[s] = f.peer[s];
-      sig.done_flag[s] = f.done_flag[s];
-    }
+    sig.c_waits = MakeWaits(g, f.c_wait_flag);
+    for (int s = 0; s < f.count; ++s) sig.done_flag[s] = f.done_flag[s];
     sig.counters = f.counters;
-    sig.epoch = g.sync.wait_epoch;
-    sig.timeout_ns = g.sync.timeout_ns;
-    sig.error = g.sync.error;
-    sig.rank = g.sync.rank;
     args.epilogue.dC = stride_c;
     args.epilogue.ptr_D = static_cast<ElementD**>(static_cast<void*>(t + 3 * kMaxFusedStages));
     args.epilogue.dD = stride_d;
