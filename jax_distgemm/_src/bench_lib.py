@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_distgemm
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm._src import reference
+from jax_distgemm._src import reference, runtime
 from jax_distgemm._src.schedules import Schedule
 
 # -- Names ------------------------------------------------------------------------------------------
@@ -549,8 +549,13 @@ def run_case(case: Case, index: int, devices, opts: Options,
 
   Every device array of the case is dropped before this returns (the seed's shape needs GiBs).
   """
+  tuned_before = set(runtime.describe_tuning().splitlines())
   try:
-    return _measure_case(case, index, devices, opts, progress)
+    result = _measure_case(case, index, devices, opts, progress)
+    # The kernel variants this case tuned (CUDA), one line per device and launch shape.
+    result["data"]["tuning"] = [line for line in runtime.describe_tuning().splitlines()
+                                if line not in tuned_before]
+    return result
   finally:
     gc.collect()
     jax.clear_caches()
@@ -962,6 +967,8 @@ def case_block(result: dict, index: int, total: int) -> str:
         (f"{mi['ms']:.4f} ms; ours' efficiency against it "
          f"{_fmt(result.get('efficiency_all_devices'), '.2f')}" if mi.get("status") == "ok"
          else f"n/a ({mi.get('status')}: {mi.get('reason')})"))
+  for line in result.get("tuning") or ():
+    lines.append(f"   tuned: {line}")
   status = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["failures"])
   best = result["best_baseline"]
   lines.append(
