@@ -273,11 +273,12 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   };
   // NOTE: tuning runs inside a call while peers may already spin on this device's signals,
   // so it must stay well inside the flag-wait timeout (30 s by default): every config once
-  // (CUTLASS's raster heuristic, no swizzle), then both rasterizations (the heuristic picks
-  // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
-  // two fastest configs only, 7 + 2 x 9 variants; sustained mode adds kHeatMs, turns of
-  // ~kSliceMs over 8 rounds (5 for launches over 5 ms), and a final round of three (seed-shape
-  // stage: ~4 s in all, its fused two-stage grid ~6 s).
+  // (CUTLASS's raster heuristic, no swizzle; sustained: also along M and N with swizzle 8),
+  // then both rasterizations (the heuristic picks one by the tile grid's aspect ratio, not
+  // always the faster for L2 reuse) x swizzle for the two best configs only: 7 (21) + 2 x 9
+  // variants; sustained mode adds kHeatMs, turns of ~kSliceMs over 8 rounds (5 for launches
+  // over 5 ms), and a final round of three (seed-shape stage: ~5 s in all, its fused two-stage
+  // grid ~8 s).
   if (mode != kBurst) {
     Variant heat{configs[0], 0, 1};
     const float one = TimeLaunches(make(heat), 1, stream, start, stop);
@@ -286,18 +287,35 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
                    start, stop);
     }
   }
+  // Round one: every config.  Sustained mode also tries each with raster M and N at swizzle 8:
+  // at wide shapes the raster decides more than the config (seed-shape stage on one H200:
+  // Cooperative 128x256 c1x1 21.1-21.3 ms along M with swizzle 8, 28.5-28.8 ms along N with
+  // swizzle 1, 21.7-22.6 ms with CUTLASS's choice; docs/performance.md, I2), so a config must
+  // not be dropped for its heuristic raster alone.
   std::vector<Variant> first;
-  for (int i = 0; i < n; ++i) first.push_back(Variant{configs[i], 0, 1});
+  for (int i = 0; i < n; ++i) {
+    first.push_back(Variant{configs[i], 0, 1});
+    if (mode == kSustained) {
+      for (int raster : {1, 2}) first.push_back(Variant{configs[i], raster, 8});
+    }
+  }
   time_all(first, 0);
   std::vector<Variant> all = timed(first);
   std::sort(all.begin(), all.end(), by_time);
+  std::vector<GemmConfig> finalists;  // the two configs with the fastest variants
+  for (const Variant& v : all) {
+    if (finalists.size() < 2 &&
+        std::find(finalists.begin(), finalists.end(), v.config) == finalists.end()) {
+      finalists.push_back(v.config);
+    }
+  }
   std::vector<Variant> second;
-  for (size_t i = 0; i < all.size() && i < 2; ++i) {
+  for (const GemmConfig config : finalists) {
     // The round-one finalists run again here, so that the final comparison is between
     // variants timed in the same rounds (a GPU heats up between the phases).
-    if (mode != kBurst) second.push_back(Variant{all[i].config, 0, 1});
+    if (mode != kBurst) second.push_back(Variant{config, 0, 1});
     for (int raster : {1, 2}) {
-      for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{all[i].config, raster, swizzle});
+      for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{config, raster, swizzle});
     }
   }
   time_all(second, 0);
