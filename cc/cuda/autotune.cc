@@ -65,15 +65,15 @@ Forced ForcedVariant() {
 }
 
 // JAX_DISTGEMM_TUNE: how candidates are timed.
-//   sustained (default): the GPU is first kept busy for kHeatMs; then the candidates take turns,
-//     each running back-to-back launches for ~kSliceMs (>= 1 launch) per round, over many rounds
-//     (kRounds, kLongRounds for launches over kLongLaunchMs), and each counts with its median
-//     round; the three best are then timed again, alone together, for kFinalRounds.  Under load
-//     these GPUs sit at their 700 W cap (SM clock 1.1-1.5 GHz) and their clock drifts by
-//     ~10% over tens of milliseconds: short turns put every candidate through the same drift,
-//     and the median does not reward a candidate for one lucky round.
-//   coarse: the previous sustained tuner (3 rounds of >= 5 ms and >= 2 launches per candidate,
-//     the best round counts), kept to compare against (tools/config_sweep.py rows).
+//   sustained (default): the GPU is first kept busy for kHeatMs; then, in kRounds interleaved
+//     rounds, every candidate takes a turn: untimed launches for >= kTurnHeatMs (>= 1 launch),
+//     then back-to-back launches for >= kTrialMs (and >= 2 launches), timed (per-launch mean;
+//     the best round counts).  Under load these GPUs sit at their 700 W cap (SM clock 1.1-1.5
+//     GHz), and the power limiter lags: a candidate timed right after another runs at the clock
+//     that one left, and a power-hungry kernel gains from following a frugal one (seed-shape
+//     stage, one H200: a variant timed at 21.2 ms that way ran 24.6 ms in a call loop;
+//     docs/performance.md, I2).  The untimed part lets each candidate reach its own clock.
+//   coarse: the same without the untimed part (the default until 2026-11-30), kept to compare.
 //   burst: a warm-up and the best of two single launches each (the GPU at boost clock).
 enum TuneMode : int { kBurst = 0, kSustained = 1, kCoarse = 2 };
 TuneMode ReadTuneMode() {
@@ -84,14 +84,9 @@ const char* TuneModeName(int mode) {
   return mode == kBurst ? "burst" : mode == kCoarse ? "coarse" : "sustained";
 }
 constexpr float kHeatMs = 100.f;
-constexpr float kSliceMs = 1.f;
-constexpr int kRounds = 8;
-constexpr float kLongLaunchMs = 5.f;
-constexpr int kLongRounds = 5;
-constexpr int kFinalists = 3;
-constexpr int kFinalRounds = 8;
-constexpr float kCoarseTrialMs = 5.f;
-constexpr int kCoarseRounds = 3;
+constexpr float kTurnHeatMs = 5.f;
+constexpr float kTrialMs = 5.f;
+constexpr int kRounds = 3;
 
 Key MakeKey(const GemmLaunch& g, TuneMode mode) {
   return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
@@ -135,18 +130,12 @@ float TimeBurst(const GemmLaunch& g, cudaStream_t stream, cudaEvent_t start, cud
   return best;
 }
 
-// Launches per turn: ~`target_ms` of work, at least `min_count` launches, from one launch's time.
+// Launches of ~`target_ms` of work, at least `min_count`, from one launch's time.
 // NOTE: at the seed shape a launch takes ~20 ms, and single launches ranked the top variants
 // within 1-2% noise (docs/performance.md, H3).
 int LaunchesFor(float one_ms, float target_ms, int min_count) {
   return std::clamp(static_cast<int>(std::ceil(target_ms / std::max(one_ms, 1e-3f))), min_count,
                     1000);
-}
-
-float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? -1.f : n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace
@@ -197,9 +186,9 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   struct Variant {
     GemmConfig config;
     int raster, swizzle;
-    int count = 1;  // launches per turn (sustained, coarse)
-    float ms = -1.f;  // the estimate; < 0: failed or not timed
-    std::vector<float> rounds;  // sustained: ms per launch of each turn
+    int count = 1;  // timed launches per turn (sustained, coarse)
+    int heat = 0;  // untimed launches before them (sustained)
+    float ms = -1.f;  // best so far; < 0: failed or not timed
   };
   auto make = [&](const Variant& v) {
     GemmLaunch t = g;
@@ -220,65 +209,38 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
                  GemmConfigName(v.config), RasterName(v.raster), v.swizzle, v.ms,
                  v.ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / v.ms : 0.0);
   };
-  // Sizes each variant's turn from one launch (which also rejects unsupported ones); returns
-  // the longest single launch.
-  auto size_turns = [&](std::vector<Variant>& vs, float target_ms, int min_count) {
-    float longest = 0.f;
-    for (Variant& v : vs) {
-      const float one = TimeLaunches(make(v), 1, stream, start, stop);
-      v.count = one > 0.f ? LaunchesFor(one, target_ms, min_count) : 0;
-      v.ms = -1.f;
-      v.rounds.clear();
-      longest = std::max(longest, one);
-    }
-    return longest;
-  };
-  // Times `vs` in place (see TuneMode); `rounds` (sustained only): 0 picks by launch time.
-  auto time_all = [&](std::vector<Variant>& vs, int rounds) {
+  // Times `vs` in place: burst, or (sustained) a warm-up launch that sizes the trial, then
+  // kRounds interleaved rounds of back-to-back launches.
+  auto time_all = [&](std::vector<Variant>& vs) {
     if (mode == kBurst) {
       for (Variant& v : vs) v.ms = TimeBurst(make(v), stream, start, stop);
-    } else if (mode == kCoarse) {
-      size_turns(vs, kCoarseTrialMs, 2);
-      for (int round = 0; round < kCoarseRounds; ++round) {
+    } else {
+      for (Variant& v : vs) {
+        const float one = TimeLaunches(make(v), 1, stream, start, stop);
+        v.count = one > 0.f ? LaunchesFor(one, kTrialMs, 2) : 0;
+        v.heat = one > 0.f && mode == kSustained ? LaunchesFor(one, kTurnHeatMs, 1) : 0;
+        v.ms = -1.f;
+      }
+      for (int round = 0; round < kRounds; ++round) {
         for (Variant& v : vs) {
           if (v.count == 0) continue;
-          const float ms = TimeLaunches(make(v), v.count, stream, start, stop);
+          const GemmLaunch launch = make(v);
+          if (v.heat > 0 && TimeLaunches(launch, v.heat, stream, start, stop) < 0.f) continue;
+          const float ms = TimeLaunches(launch, v.count, stream, start, stop);
           if (ms > 0.f && (v.ms < 0.f || ms < v.ms)) v.ms = ms;
         }
-      }
-    } else {
-      const float longest = size_turns(vs, kSliceMs, 1);
-      if (rounds == 0) rounds = longest > kLongLaunchMs ? kLongRounds : kRounds;
-      for (int round = 0; round < rounds; ++round) {
-        for (Variant& v : vs) {
-          if (v.count == 0) continue;
-          const float ms = TimeLaunches(make(v), v.count, stream, start, stop);
-          if (ms > 0.f) v.rounds.push_back(ms);
-        }
-      }
-      for (Variant& v : vs) {
-        // A variant that failed a turn does not count (a launch that fails once fails always).
-        v.ms = v.count > 0 && static_cast<int>(v.rounds.size()) == rounds ? Median(v.rounds) : -1.f;
       }
     }
     for (const Variant& v : vs) log(v);
   };
-  auto by_time = [](const Variant& a, const Variant& b) { return a.ms < b.ms; };
-  auto timed = [](const std::vector<Variant>& vs) {
-    std::vector<Variant> out;
-    for (const Variant& v : vs) {
-      if (v.ms > 0.f) out.push_back(v);
-    }
-    return out;
-  };
   // NOTE: tuning runs inside a call while peers may already spin on this device's signals,
   // so it must stay well inside the flag-wait timeout (30 s by default): every config once
-  // (CUTLASS's raster heuristic, no swizzle; sustained: also along M and N with swizzle 8),
-  // then both rasterizations (the heuristic picks one by the tile grid's aspect ratio, not
-  // always the faster for L2 reuse) x swizzle for the two best configs only: 7 (21) + 2 x 9
-  // variants; sustained mode adds kHeatMs, turns of ~kSliceMs over 8 rounds (5 for launches
-  // over 5 ms), and a final round of three (seed-shape stage: ~5 s in all, its fused two-stage
-  // grid ~8 s).
+  // (CUTLASS's raster heuristic, no swizzle), then both rasterizations (the heuristic picks
+  // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
+  // two fastest configs only: 7 + 2 x 8 variants, 3 launches each in burst mode; coarse
+  // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
+  // stage: ~4 s in all); sustained mode adds max(kTurnHeatMs, 1 launch) to each turn
+  // (~6 s; its fused two-stage grid ~10 s).
   if (mode != kBurst) {
     Variant heat{configs[0], 0, 1};
     const float one = TimeLaunches(make(heat), 1, stream, start, stop);
@@ -287,53 +249,35 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
                    start, stop);
     }
   }
-  // Round one: every config.  Sustained mode also tries each with raster M and N at swizzle 8:
-  // at wide shapes the raster decides more than the config (seed-shape stage on one H200:
-  // Cooperative 128x256 c1x1 21.1-21.3 ms along M with swizzle 8, 28.5-28.8 ms along N with
-  // swizzle 1, 21.7-22.6 ms with CUTLASS's choice; docs/performance.md, I2), so a config must
-  // not be dropped for its heuristic raster alone.
   std::vector<Variant> first;
-  for (int i = 0; i < n; ++i) {
-    first.push_back(Variant{configs[i], 0, 1});
-    if (mode == kSustained) {
-      for (int raster : {1, 2}) first.push_back(Variant{configs[i], raster, 8});
-    }
+  for (int i = 0; i < n; ++i) first.push_back(Variant{configs[i], 0, 1});
+  time_all(first);
+  std::vector<Variant> all;
+  for (const Variant& v : first) {
+    if (v.ms > 0.f) all.push_back(v);
   }
-  time_all(first, 0);
-  std::vector<Variant> all = timed(first);
-  std::sort(all.begin(), all.end(), by_time);
-  std::vector<GemmConfig> finalists;  // the two configs with the fastest variants
-  for (const Variant& v : all) {
-    if (finalists.size() < 2 &&
-        std::find(finalists.begin(), finalists.end(), v.config) == finalists.end()) {
-      finalists.push_back(v.config);
-    }
-  }
+  std::sort(all.begin(), all.end(),
+            [](const Variant& a, const Variant& b) { return a.ms < b.ms; });
   std::vector<Variant> second;
-  for (const GemmConfig config : finalists) {
-    // The round-one finalists run again here, so that the final comparison is between
-    // variants timed in the same rounds (a GPU heats up between the phases).
-    if (mode != kBurst) second.push_back(Variant{config, 0, 1});
+  for (size_t i = 0; i < all.size() && i < 2; ++i) {
+    // Sustained: the round-one finalists run again here, so that the final comparison is
+    // between variants timed in the same rounds (a GPU heats up between the phases).
+    if (mode != kBurst) second.push_back(Variant{all[i].config, 0, 1});
     for (int raster : {1, 2}) {
-      for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{config, raster, swizzle});
+      for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{all[i].config, raster, swizzle});
     }
   }
-  time_all(second, 0);
+  time_all(second);
   if (mode != kBurst && !second.empty()) all.clear();
-  for (const Variant& v : timed(second)) all.push_back(v);
-  if (mode == kSustained && all.size() > 1) {
-    // The closest few of 18 can swap places by drift alone: time the best three again,
-    // taking turns among themselves only.
-    std::sort(all.begin(), all.end(), by_time);
-    all.resize(std::min<size_t>(all.size(), kFinalists));
-    time_all(all, kFinalRounds);
-    all = timed(all);
+  for (const Variant& v : second) {
+    if (v.ms > 0.f) all.push_back(v);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaGetLastError();
   if (all.empty()) return "every stage GEMM configuration failed to launch for this shape";
-  const Variant best = *std::min_element(all.begin(), all.end(), by_time);
+  const Variant best = *std::min_element(
+      all.begin(), all.end(), [](const Variant& a, const Variant& b) { return a.ms < b.ms; });
   {
     std::lock_guard<std::mutex> lock(Mu());
     Cache()[key] = Choice{best.config, best.swizzle, best.raster, best.ms};
