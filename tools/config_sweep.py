@@ -2,7 +2,7 @@
 
 For each case, in one process and in interleaved rounds (bench_lib's timing): the ideal (XLA's
 dot of one device's share), our call with the tuner's choice in each tuning mode
-(JAX_DISTGEMM_TUNE=burst / sustained), our call with every variant forced
+(JAX_DISTGEMM_TUNE=sustained / coarse / burst), our call with every variant forced
 (JAX_DISTGEMM_GEMM_CONFIG=config:raster:swizzle) and, for ReduceScatter, with each
 JAX_DISTGEMM_RS_FUSED mode.  The environment is set before each entry's
 repeat; the handler reads it per call, so one compiled executable serves every variant.
@@ -153,7 +153,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--cases", nargs="+", required=True, help="SCHEDULE:M,K,N (global shape)")
   ap.add_argument("--swizzles", default="1,4")
-  ap.add_argument("--tune-modes", default="burst,sustained",
+  ap.add_argument("--tune-modes", default="sustained,coarse",
                   help="JAX_DISTGEMM_TUNE values, one auto row each")
   ap.add_argument("--rs-fused-modes", default="",
                   help="JAX_DISTGEMM_RS_FUSED values (ReduceScatter cases), one row each")

@@ -69,10 +69,10 @@ Forced ForcedVariant() {
 //     rounds, every candidate takes a turn: untimed launches for >= kTurnHeatMs (>= 1 launch),
 //     then back-to-back launches for >= kTrialMs (and >= 2 launches), timed (per-launch mean;
 //     the best round counts).  Under load these GPUs sit at their 700 W cap (SM clock 1.1-1.5
-//     GHz), and the power limiter lags: a candidate timed right after another runs at the clock
-//     that one left, and a power-hungry kernel gains from following a frugal one (seed-shape
-//     stage, one H200: a variant timed at 21.2 ms that way ran 24.6 ms in a call loop;
-//     docs/performance.md, I2).  The untimed part lets each candidate reach its own clock.
+//     GHz), and the power limiter lags: a candidate timed right after another may run at the
+//     clock that one left (seed-shape stage, one H200: with turns of one launch, a variant timed
+//     at 21.2 ms ran 24.6 ms in a call loop; docs/performance.md, I2).  The untimed part lets
+//     each candidate reach its own clock.
 //   coarse: the same without the untimed part (the default until 2026-11-30), kept to compare.
 //   burst: a warm-up and the best of two single launches each (the GPU at boost clock).
 enum TuneMode : int { kBurst = 0, kSustained = 1, kCoarse = 2 };
