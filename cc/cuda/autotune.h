@@ -6,8 +6,8 @@
 // for the process.  Candidates are timed after heating the GPU, over back-to-back launches in
 // interleaved rounds, each turn after an untimed run of the same candidate (what a power-capped
 // GPU sustains in a loop); JAX_DISTGEMM_TUNE=coarse skips the untimed runs,
-// JAX_DISTGEMM_TUNE=burst takes the best of two single launches instead.  JAX_DISTGEMM_AUTOTUNE=0 disables tuning (a
-// fixed default is used);
+// JAX_DISTGEMM_TUNE=burst takes the best of two single launches instead.
+// JAX_DISTGEMM_AUTOTUNE=0 disables tuning (a fixed default is used);
 // JAX_DISTGEMM_GEMM_CONFIG=<n>[:<raster>[:<swizzle>]] forces config n (raster 0 heuristic,
 // 1 along M, 2 along N; swizzle 1, 2, 4 or 8).
 #pragma once

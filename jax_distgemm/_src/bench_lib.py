@@ -484,9 +484,9 @@ class Timed:
 def round_order(entries: list, seed: int, r: int) -> list:
   """Round r's order: a seeded shuffle, so that a row does not always follow the same row.
 
-  NOTE: rotating one fixed order (as this did until 2026-11-30) keeps every row's predecessor the
-  same in every round: on 2x H200 the ideal then always ran after a communication-bound row,
-  on a GPU below its power cap, and read up to 17% faster than when it followed a GEMM
+  NOTE: rotating one fixed order (as this did until 2026-11-30) keeps every row's predecessor
+  the same in every round (the ideal always ran after jit_auto), so whatever a predecessor
+  leaves behind (clocks, power, L2) biased a row the same way in every repeat
   (docs/performance.md, I1).
   """
   order = list(entries)
@@ -500,9 +500,9 @@ def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[st
 
   Each repeat is preceded by ~opts.heat_ms of untimed calls of the same row, so that it is
   timed in the row's own sustained state (clocks, power cap), not in what the previous row
-  left behind: these GPUs run GEMMs at their power cap, and a row entered from a lighter one
-  runs its first milliseconds faster.  The heat runs' own times are kept as
-  `ms_after_switch` for comparison.
+  left behind: these GPUs run GEMMs at their power cap, and a row entered from another can run
+  its first milliseconds faster (ours by up to 12% on 2x H200, docs/performance.md I1).  The
+  heat runs' own times are kept as `ms_after_switch` for comparison.
   """
   for e in entries:
     def warm(e=e):
