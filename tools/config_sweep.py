@@ -78,16 +78,6 @@ def variants(args, *, fused_kernel: bool, reduce_scatter: bool) -> list[tuple[st
   return out
 
 
-def rotating_sets(key, x_shape, w_shape, dtype, shardings, opts):
-  """Fresh random (x, w) sets, enough of them that consecutive calls miss in L2."""
-  nbytes = bench_lib._nbytes(x_shape, dtype) + bench_lib._nbytes(w_shape, dtype)
-  shards = len(shardings[0].device_set)  # bytes per device of a sharded set
-  count = bench_lib.rotation_sets(nbytes // shards, l2_bytes=opts.l2_bytes,
-                                  budget_bytes=opts.rotation_budget_bytes,
-                                  max_sets=opts.max_sets)
-  return bench_lib.make_sets(key, count, x_shape, w_shape, None, dtype, shardings)
-
-
 def time_rows(label, baseline, baseline_sets, ours, sets, ref, named_envs, opts, log):
   """Times the baseline ("ideal" row) and `ours` once per (name, environment), in interleaved
   rounds; each row's error against `ref` on set 0, and baseline / ours as "efficiency"."""
@@ -117,11 +107,11 @@ def sweep_case(case, index, devices, opts, args, log):
   shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
   xg, wg, _ = case.global_shapes()
   key = jax.random.fold_in(jax.random.key(opts.seed), index)
-  sets = rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
+  sets = bench_lib.rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
   ref = bench_lib.distributed_fn(case, mesh, "reference").lower(*sets[0]).compile()
   ours = bench_lib.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
   xi, wi, _ = case.ideal_shapes()
-  ideal_sets = rotating_sets(jax.random.fold_in(key, 1), xi, wi, case.jdtype,
+  ideal_sets = bench_lib.rotating_sets(jax.random.fold_in(key, 1), xi, wi, case.jdtype,
                              (SingleDeviceSharding(devices[0]),) * 3, opts)
   ideal = bench_lib.ideal_fn(case).lower(*ideal_sets[0]).compile()
   # AllGather calls run the fused grid (TP <= 8, L = 1); ReduceScatter has its path switch.
@@ -138,7 +128,7 @@ def sweep_local_case(case, index, devices, opts, args, log):
   candidate."""
   sm, sk, sn = case.stage_shape()
   key = jax.random.fold_in(jax.random.key(opts.seed), index)
-  sets = rotating_sets(jax.random.fold_in(key, 2), (sm, sk), (sk, sn), case.jdtype,
+  sets = bench_lib.rotating_sets(jax.random.fold_in(key, 2), (sm, sk), (sk, sn), case.jdtype,
                        (SingleDeviceSharding(devices[0]),) * 3, opts)
   xla = bench_lib.ideal_fn(dataclasses.replace(case, alpha=1.0, beta=0.0))
   xla = xla.lower(*sets[0]).compile()

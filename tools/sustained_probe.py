@@ -52,23 +52,20 @@ def _sample(nvml, n_dev: int) -> list[dict]:
 def _rows(case: bl.Case, devices):
   mesh = Mesh(np.array(devices), ("tp",))
   key = jax.random.key(0)
+  opts = bl.Options()  # the bench's L2 size, rotation budget and set cap
   tp, dt = case.tp, case.jdtype
   xg, wg, _ = case.global_shapes()
   x_spec, w_spec, _ = case.specs()
-  n = bl.rotation_sets((bl._nbytes(xg, dt) + bl._nbytes(wg, dt)) // tp, l2_bytes=60 * 2**20,
-                       budget_bytes=8 * 2**30, max_sets=32)
-  sets = bl.make_sets(key, n, xg, wg, None, dt,
-                      (NamedSharding(mesh, x_spec), NamedSharding(mesh, w_spec), None))
+  sets = bl.rotating_sets(key, xg, wg, dt,
+                          (NamedSharding(mesh, x_spec), NamedSharding(mesh, w_spec), None), opts)
   ours = bl.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
   xi, wi, _ = case.ideal_shapes()
-  ni = bl.rotation_sets(bl._nbytes(xi, dt) + bl._nbytes(wi, dt), l2_bytes=60 * 2**20,
-                        budget_bytes=8 * 2**30, max_sets=32)
-  single = SingleDeviceSharding(devices[0])
-  isets = bl.make_sets(jax.random.fold_in(key, 1), ni, xi, wi, None, dt, (single,) * 3)
+  isets = bl.rotating_sets(jax.random.fold_in(key, 1), xi, wi, dt,
+                           (SingleDeviceSharding(devices[0]),) * 3, opts)
   ideal = bl.ideal_fn(case).lower(*isets[0]).compile()
   stacked = NamedSharding(mesh, P("tp"))
-  asets = bl.make_sets(jax.random.fold_in(key, 2), ni, (tp,) + tuple(xi), (tp,) + tuple(wi),
-                       None, dt, (stacked,) * 3)
+  asets = bl.rotating_sets(jax.random.fold_in(key, 2), (tp,) + tuple(xi), (tp,) + tuple(wi), dt,
+                           (stacked,) * 3, opts)
   ideal_all = bl.ideal_all_devices_fn(case, mesh).lower(*asets[0]).compile()
   return [bl.Timed("ideal", ideal, isets), bl.Timed("ideal_all", ideal_all, asets),
           bl.Timed("ours", ours, sets)]

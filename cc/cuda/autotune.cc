@@ -209,8 +209,8 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
                  GemmConfigName(v.config), RasterName(v.raster), v.swizzle, v.ms,
                  v.ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / v.ms : 0.0);
   };
-  // Times `vs` in place: burst, or (sustained) a warm-up launch that sizes the trial, then
-  // kRounds interleaved rounds of back-to-back launches.
+  // Times `vs` in place: burst, or (sustained, coarse) one launch that sizes the turns, then
+  // kRounds interleaved rounds of turns (sustained: an untimed part, then the timed launches).
   auto time_all = [&](std::vector<Variant>& vs) {
     if (mode == kBurst) {
       for (Variant& v : vs) v.ms = TimeBurst(make(v), stream, start, stop);
@@ -260,8 +260,9 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
             [](const Variant& a, const Variant& b) { return a.ms < b.ms; });
   std::vector<Variant> second;
   for (size_t i = 0; i < all.size() && i < 2; ++i) {
-    // Sustained: the round-one finalists run again here, so that the final comparison is
-    // between variants timed in the same rounds (a GPU heats up between the phases).
+    // Sustained and coarse: the round-one finalists run again here, so that the final
+    // comparison is between variants timed in the same rounds (a GPU heats up between the
+    // phases).
     if (mode != kBurst) second.push_back(Variant{all[i].config, 0, 1});
     for (int raster : {1, 2}) {
       for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{all[i].config, raster, swizzle});

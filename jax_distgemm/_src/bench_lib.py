@@ -321,6 +321,16 @@ def _nbytes(shape, dtype) -> int:
   return int(np.prod(shape)) * jnp.dtype(dtype).itemsize
 
 
+def rotating_sets(key, x_shape, w_shape, dtype, shardings, opts: Options):
+  """Fresh random (x, w) sets, enough of them (rotation_sets, per device of `shardings[0]`)
+  that consecutive calls miss in L2: the tools' way to draw a row's inputs."""
+  nbytes = _nbytes(x_shape, dtype) + _nbytes(w_shape, dtype)
+  shards = len(shardings[0].device_set)  # bytes per device of a sharded set
+  count = rotation_sets(nbytes // shards, l2_bytes=opts.l2_bytes,
+                        budget_bytes=opts.rotation_budget_bytes, max_sets=opts.max_sets)
+  return make_sets(key, count, x_shape, w_shape, None, dtype, shardings)
+
+
 # -- Implementations --------------------------------------------------------------------------------
 
 def distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
@@ -696,13 +706,10 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
     sm, sk, sn = case.stage_shape()
     b = (case.l,) if case.l > 1 else ()
     xs_, ws_ = b + (sm, sk), b + (sk, sn)
-    nb = _nbytes(xs_, dt) + _nbytes(ws_, dt)
-    n_stage = rotation_sets(nb, l2_bytes=opts.l2_bytes, budget_bytes=opts.rotation_budget_bytes,
-                            max_sets=opts.max_sets)
     progress("local GEMM: XLA dot on the stage shape")
 
     def prep_stage():
-      s = make_sets(jax.random.fold_in(key, 2), n_stage, xs_, ws_, None, dt, (single,) * 3)
+      s = rotating_sets(jax.random.fold_in(key, 2), xs_, ws_, dt, (single,) * 3, opts)
       stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
       return s, ideal_fn(stage_case).lower(*s[0]).compile()
 
