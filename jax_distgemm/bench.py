@@ -40,6 +40,13 @@ def _positive_int(s: str) -> int:
   return v
 
 
+def _non_negative_float(s: str) -> float:
+  v = float(s)
+  if not v >= 0:  # also rejects nan
+    raise argparse.ArgumentTypeError(f"must be a number >= 0, got {s}")
+  return v
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="python -m jax_distgemm.bench", description=__doc__.split("\n\n")[0],
@@ -73,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="repeats; the median is reported (default 7)")
   g.add_argument("--target-repeat-ms", type=float, default=30.0,
                  help="with no --iterations: calls per repeat ~ this / time per call")
-  g.add_argument("--heat-ms", type=float, default=30.0,
+  g.add_argument("--heat-ms", type=_non_negative_float, default=30.0,
                  help="untimed calls of the same row (~ this many ms, at least one) before "
                  "each timed repeat, so that a repeat sees the row's own sustained clocks, not "
                  "the previous row's; 0: none (default 30)")
@@ -158,7 +165,7 @@ def resolve_cases(args: argparse.Namespace, platform: str) -> list[bl.Case]:
 def options(args: argparse.Namespace) -> bl.Options:
   return bl.Options(
       iterations=args.iterations, warmup=max(0, args.warmup_iterations), repeats=args.repeats,
-      target_repeat_ms=args.target_repeat_ms, heat_ms=max(0.0, args.heat_ms), eps=args.eps,
+      target_repeat_ms=args.target_repeat_ms, heat_ms=args.heat_ms, eps=args.eps,
       l2_bytes=int(args.l2_mb * 2**20),
       rotation_budget_bytes=int(args.rotation_budget_gb * 2**30), max_sets=args.max_sets,
       seed=args.seed, local_gemm=args.local_gemm, want=args.want,

@@ -195,6 +195,13 @@ class BenchCliTest(absltest.TestCase):
     self.assertIn("--suite", proc.stderr)
 
 
+  def test_negative_heat_is_rejected(self):
+    proc = run_bench(["--heat-ms", "-5", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn("--heat-ms", proc.stderr)
+    self.assertIn("must be a number >= 0", proc.stderr)
+
+
 class BenchLibTest(absltest.TestCase):
 
   def test_standard_suite(self):

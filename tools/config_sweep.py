@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
+from jax_distgemm import bench as bench_cli
 from jax_distgemm._src import bench_lib
 from jax_distgemm._src import runtime
 
@@ -155,7 +156,7 @@ def main(argv=None):
                   help="time each case's stage GEMM alone on one GPU against XLA's dot")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--target-repeat-ms", type=float, default=30.0)
-  ap.add_argument("--heat-ms", type=float, default=30.0,
+  ap.add_argument("--heat-ms", type=bench_cli._non_negative_float, default=30.0,
                   help="untimed calls of a row before each of its repeats (bench's --heat-ms)")
   ap.add_argument("--json")
   args = ap.parse_args(argv)
@@ -164,7 +165,7 @@ def main(argv=None):
     print(note, file=sys.stderr)
   opts = bench_lib.resolve_in_flight(
       bench_lib.Options(repeats=args.repeats, target_repeat_ms=args.target_repeat_ms,
-                        heat_ms=max(0.0, args.heat_ms), warmup=2), platform)
+                        heat_ms=args.heat_ms, warmup=2), platform)
   t0 = time.time()
   log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
   results = []

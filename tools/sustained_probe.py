@@ -79,9 +79,19 @@ def main(argv=None) -> int:
   ap.add_argument("--segment-ms", type=float, default=50.0)
   ap.add_argument("--json")
   args = ap.parse_args(argv)
-  sched, dims = args.case.split(":")
-  m, k, n = (int(v) for v in dims.split(","))
-  case = bl.Case(bl.parse_schedule(sched), m, k, n)
+  for name in ("seconds", "segment_ms"):
+    if not getattr(args, name) > 0:
+      ap.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+  if not args.idle >= 0:
+    ap.error(f"--idle must be >= 0, got {args.idle}")
+  try:
+    sched, dims = args.case.split(":")
+    m, k, n = (int(v) for v in dims.split(","))
+    case = bl.Case(bl.parse_schedule(sched), m, k, n)
+  except ValueError as e:
+    ap.error(f"--case {args.case!r}: want SCHEDULE:M,K,N ({e})")
+  if (why := case.invalid_reason()) is not None:
+    ap.error(f"--case {args.case!r}: {why}")
   devices, platform, note = bl.select_devices(2)
   if platform == "cpu":
     raise SystemExit(f"GPU only ({note})")
