@@ -17,7 +17,7 @@ namespace jax_distgemm::cuda {
 namespace {
 
 // (device, A/B type, D type, has C, m, n, k, batch, B shared across the batch, fused stages,
-// tuning mode, untimed ms per turn)
+// tuning mode, JAX_DISTGEMM_TUNE_HEAT_MS or -1)
 using Key =
     std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
 struct Choice {
@@ -67,13 +67,15 @@ Forced ForcedVariant() {
 
 // JAX_DISTGEMM_TUNE: how candidates are timed.
 //   sustained (default): the GPU is first kept busy for kHeatMs; then, in kRounds interleaved
-//     rounds, every candidate takes a turn: untimed launches for >= kTurnHeatMs (>= 1 launch),
-//     then back-to-back launches for >= kTrialMs (and >= 2 launches), timed (per-launch mean;
-//     the best round counts).  Under load these GPUs sit at their 700 W cap (SM clock 1.1-1.5
+//     rounds, every candidate takes a turn: untimed launches (the turn heat, TurnHeatMs), then
+//     back-to-back launches for >= kTrialMs (and >= 2 launches), timed (per-launch mean; the
+//     best round counts).  Under load these GPUs sit at their 700 W cap (SM clock 1.1-1.5
 //     GHz), and the power limiter lags: a candidate timed right after another may run at the
 //     clock that one left (seed-shape stage, one H200: with turns of one launch, a variant timed
 //     at 21.2 ms ran 24.6 ms in a call loop; docs/performance.md, I2).  The untimed part lets
-//     each candidate reach its own clock.
+//     each candidate reach its own clock, and so ranks kernels by the work they sustain per
+//     watt: with 5 ms, Pingpong 128x128 won the 8192,8192,28672 stages and sustained 0.94 of
+//     XLA's dot; with 100 ms, Cooperative 128x256 won and sustained 1.00 (docs/performance.md, J1).
 //   coarse: the same without the untimed part (the default until 2026-11-30), kept to compare.
 //   burst: a warm-up and the best of two single launches each (the GPU at boost clock).
 enum TuneMode : int { kBurst = 0, kSustained = 1, kCoarse = 2 };
@@ -85,22 +87,31 @@ const char* TuneModeName(int mode) {
   return mode == kBurst ? "burst" : mode == kCoarse ? "coarse" : "sustained";
 }
 constexpr float kHeatMs = 100.f;
-constexpr int kTurnHeatMs = 5;
-// JAX_DISTGEMM_TUNE_HEAT_MS: the untimed part of each sustained turn (default kTurnHeatMs;
-// docs/performance.md I4: the limiter settles within ~150 ms, so 100 is the test to run).
-int TurnHeatMs(TuneMode mode) {
+// The turn heat: kTurnHeatLaunches launches of the shape, within [kMinTurnHeatMs,
+// kMaxTurnHeatMs].  100 ms is what let the limiter settle (docs/performance.md, I4 and J1); the
+// tuning time grows with it (~25 variants x kRounds turns: ~8 s per shape at 100 ms), so small
+// shapes, whose calls are dominated by latency rather than by watts, keep short turns.
+constexpr int kTurnHeatLaunches = 64;
+constexpr float kMinTurnHeatMs = 5.f;
+constexpr float kMaxTurnHeatMs = 100.f;
+// JAX_DISTGEMM_TUNE_HEAT_MS: a fixed turn heat in ms (0-1000) instead; -1 when unset.
+int TurnHeatOverride(TuneMode mode) {
   if (mode != kSustained) return 0;
   const char* e = std::getenv("JAX_DISTGEMM_TUNE_HEAT_MS");
-  if (e == nullptr || *e == '\0') return kTurnHeatMs;
+  if (e == nullptr || *e == '\0') return -1;
   return std::clamp(EnvInt("JAX_DISTGEMM_TUNE_HEAT_MS"), 0, 1000);
+}
+float TurnHeatMs(int override_ms, float one_launch_ms) {
+  if (override_ms >= 0) return static_cast<float>(override_ms);
+  return std::clamp(kTurnHeatLaunches * one_launch_ms, kMinTurnHeatMs, kMaxTurnHeatMs);
 }
 constexpr float kTrialMs = 5.f;
 constexpr int kRounds = 3;
 
-Key MakeKey(const GemmLaunch& g, TuneMode mode, int turn_heat_ms) {
+Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override) {
   return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
              g.ops.c != nullptr, g.ops.m, g.ops.n, g.ops.k, g.ops.batch,
-             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), turn_heat_ms};
+             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), heat_override};
 }
 
 GemmLaunch TrialLaunch(GemmLaunch g) {
@@ -178,8 +189,8 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
     return "";
   }
   const TuneMode mode = ReadTuneMode();
-  const int turn_heat_ms = TurnHeatMs(mode);
-  const Key key = MakeKey(g, mode, turn_heat_ms);
+  const int heat_override = TurnHeatOverride(mode);
+  const Key key = MakeKey(g, mode, heat_override);
   {
     std::lock_guard<std::mutex> lock(Mu());
     auto it = Cache().find(key);
@@ -219,6 +230,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
                  GemmConfigName(v.config), RasterName(v.raster), v.swizzle, v.ms,
                  v.ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / v.ms : 0.0);
   };
+  float turn_heat_ms = 0.f;  // sustained: set from the first launch below
   // Times `vs` in place: burst, or (sustained, coarse) one launch that sizes the turns, then
   // kRounds interleaved rounds of turns (sustained: an untimed part, then the timed launches).
   auto time_all = [&](std::vector<Variant>& vs) {
@@ -228,7 +240,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
       for (Variant& v : vs) {
         const float one = TimeLaunches(make(v), 1, stream, start, stop);
         v.count = one > 0.f ? LaunchesFor(one, kTrialMs, 2) : 0;
-        v.heat = one > 0.f && turn_heat_ms > 0 ? LaunchesFor(one, turn_heat_ms, 1) : 0;
+        v.heat = one > 0.f && turn_heat_ms > 0.f ? LaunchesFor(one, turn_heat_ms, 1) : 0;
         v.ms = -1.f;
       }
       for (int round = 0; round < kRounds; ++round) {
@@ -249,11 +261,12 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
   // two fastest configs only: 7 + 2 x 8 variants, 3 launches each in burst mode; coarse
   // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
-  // stage: ~4 s in all); sustained mode adds max(kTurnHeatMs, 1 launch) to each turn
-  // (~6 s; its fused two-stage grid ~10 s).
+  // stage: ~4 s in all); sustained mode adds the turn heat (>= 1 launch) to each turn (seed
+  // shape, estimated from launch counts: ~11 s for a stage, ~14 s for the fused two-stage grid).
   if (mode != kBurst) {
     Variant heat{configs[0], 0, 1};
     const float one = TimeLaunches(make(heat), 1, stream, start, stop);
+    if (mode == kSustained) turn_heat_ms = TurnHeatMs(heat_override, std::max(one, 0.f));
     if (one > 0.f) {
       TimeLaunches(make(heat), std::clamp(static_cast<int>(kHeatMs / one), 1, 10000), stream,
                    start, stop);
@@ -309,7 +322,7 @@ std::string DescribeTuning() {
       << " k=" << std::get<6>(k) << " l=" << std::get<7>(k);
     if (std::get<9>(k) > 0) s << " fused stages=" << std::get<9>(k);
     if (std::get<10>(k) != kSustained) s << " (" << TuneModeName(std::get<10>(k)) << " tuning)";
-    if (std::get<10>(k) == kSustained && std::get<11>(k) != kTurnHeatMs) {
+    if (std::get<10>(k) == kSustained && std::get<11>(k) >= 0) {
       s << " (turn heat " << std::get<11>(k) << " ms)";
     }
     s << ": " << GemmConfigName(c.config)
