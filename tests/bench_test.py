@@ -204,6 +204,18 @@ class BenchCliTest(absltest.TestCase):
 
 class BenchLibTest(absltest.TestCase):
 
+  def test_parse_case(self):
+    self.assertEqual(bl.parse_case("RS-TilA:64,32,16"),
+                     bl.Case(Schedule.ReduceScatter1D_TilingA_RotatingC, 64, 32, 16))
+    self.assertEqual(bl.parse_case("AllGather1D_TilingCD_RotatingB:8,4,2").schedule,
+                     Schedule.AllGather1D_TilingCD_RotatingB)
+    for text, needle in (("Nope:1,2,3", "schedule"), ("AG-RotA:1,2", "three integers"),
+                         ("AG-RotA", "three integers"), ("AG-RotA:a,b,c", "three integers"),
+                         ("AG-RotA:3,4,4", "M=3 not divisible by TP=2"),
+                         ("AG-RotA:0,4,4", "must be positive")):
+      with self.assertRaisesRegex(ValueError, needle, msg=text):
+        bl.parse_case(text)
+
   def test_standard_suite(self):
     suite = bl.standard_suite()
     self.assertLen(suite, 12)

@@ -53,10 +53,11 @@ class EnvTimed(bench_lib.Timed):
     super().run(count, max_in_flight)
 
 
-def parse_case(text: str) -> bench_lib.Case:
-  sched, dims = text.split(":")
-  m, k, n = (int(v) for v in dims.split(","))
-  return bench_lib.Case(bench_lib.parse_schedule(sched), m, k, n)
+def _case_arg(text: str) -> bench_lib.Case:
+  try:
+    return bench_lib.parse_case(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def variants(args, *, fused_kernel: bool, reduce_scatter: bool) -> list[tuple[str, dict]]:
@@ -142,7 +143,8 @@ def sweep_local_case(case, index, devices, opts, args, log):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--cases", nargs="+", required=True, help="SCHEDULE:M,K,N (global shape)")
+  ap.add_argument("--cases", nargs="+", required=True, type=_case_arg, metavar="SCHEDULE:M,K,N",
+                  help="global shape")
   ap.add_argument("--swizzles", default="1,4")
   ap.add_argument("--tune-modes", default="sustained,coarse",
                   help="JAX_DISTGEMM_TUNE values, one auto row each")
@@ -169,8 +171,7 @@ def main(argv=None):
   t0 = time.time()
   log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
   results = []
-  for i, text in enumerate(args.cases):
-    case = parse_case(text)
+  for i, case in enumerate(args.cases):
     sweep = sweep_local_case if args.local else sweep_case
     results.append(sweep(case, i, devices, opts, args, log))
     rows = results[-1]["rows"]

@@ -30,22 +30,13 @@ import subprocess
 import sys
 
 
-def _parse_case(text: str):
-  from jax_distgemm._src import bench_lib as bl
-  short, _, dims = text.partition(":")
-  m, k, n = (int(v) for v in dims.split(","))
-  return bl.Case(bl.parse_schedule(short), m, k, n)
-
-
 def _case_arg(text: str) -> str:
   """--cases entries are checked before any child starts (the children get the text)."""
+  from jax_distgemm._src import bench_lib as bl  # noqa: PLC0415
   try:
-    case = _parse_case(text)
+    bl.parse_case(text)
   except ValueError as e:
-    raise argparse.ArgumentTypeError(
-        f"{text!r}: want SCHEDULE:M,K,N with a schedule name and three integers ({e})") from e
-  if (why := case.invalid_reason()) is not None:
-    raise argparse.ArgumentTypeError(f"{text!r}: {why}")
+    raise argparse.ArgumentTypeError(str(e)) from e
   return text
 
 
@@ -110,7 +101,7 @@ def child(args) -> None:
   opts = bl.Options(repeats=args.repeats, warmup=args.warmup)
   results = []
   for index, text in enumerate(args.cases):
-    case = _parse_case(text)
+    case = bl.parse_case(text)
     mesh = Mesh(np.array(devices), ("tp",))
     shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
     xg, wg, _ = case.global_shapes()

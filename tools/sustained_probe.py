@@ -85,13 +85,9 @@ def main(argv=None) -> int:
   if not args.idle >= 0:
     ap.error(f"--idle must be >= 0, got {args.idle}")
   try:
-    sched, dims = args.case.split(":")
-    m, k, n = (int(v) for v in dims.split(","))
-    case = bl.Case(bl.parse_schedule(sched), m, k, n)
+    case = bl.parse_case(args.case)
   except ValueError as e:
-    ap.error(f"--case {args.case!r}: want SCHEDULE:M,K,N ({e})")
-  if (why := case.invalid_reason()) is not None:
-    ap.error(f"--case {args.case!r}: {why}")
+    ap.error(f"--case {e}")
   devices, platform, note = bl.select_devices(2)
   if platform == "cpu":
     raise SystemExit(f"GPU only ({note})")

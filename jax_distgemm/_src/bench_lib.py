@@ -209,6 +209,22 @@ class Case:
             "flops_per_device": self.flops_per_device}
 
 
+def parse_case(text: str) -> Case:
+  """The tools' SCHEDULE:M,K,N (a schedule's full or short name, the global shape; TP=2, bf16).
+  ValueError, naming the text and the rule, for a malformed entry or a shape the schedule
+  cannot split over TP."""
+  short, _, dims = text.partition(":")
+  try:
+    m, k, n = (int(v) for v in dims.split(","))
+    case = Case(parse_schedule(short), m, k, n)
+  except ValueError as e:
+    raise ValueError(
+        f"{text!r}: want SCHEDULE:M,K,N with a schedule name and three integers ({e})") from e
+  if (why := case.invalid_reason()) is not None:
+    raise ValueError(f"{text!r}: {why}")
+  return case
+
+
 @dataclasses.dataclass
 class Options:
   """Timing and data knobs (see bench.py's flags)."""
