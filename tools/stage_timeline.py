@@ -106,14 +106,11 @@ def child(args) -> None:
     shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
     xg, wg, _ = case.global_shapes()
     key = jax.random.fold_in(jax.random.key(args.seed), index)
-    set_bytes = (bl._nbytes(xg, case.jdtype) + bl._nbytes(wg, case.jdtype)) // case.tp
-    n_sets = bl.rotation_sets(set_bytes, l2_bytes=opts.l2_bytes,
-                              budget_bytes=opts.rotation_budget_bytes, max_sets=opts.max_sets)
-    sets = bl.make_sets(jax.random.fold_in(key, 0), n_sets, xg, wg, None, case.jdtype, shardings)
+    sets = bl.rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
     ours = bl.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
     single = SingleDeviceSharding(devices[0])
     xi, wi, _ = case.ideal_shapes()
-    ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), n_sets, xi, wi, None, case.jdtype,
+    ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), len(sets), xi, wi, None, case.jdtype,
                               (single, single, single))
     ideal = bl.ideal_fn(case).lower(*ideal_sets[0]).compile()
     entries = [bl.Timed("ideal", ideal, ideal_sets), bl.Timed("ffi", ours, sets)]
