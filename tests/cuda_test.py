@@ -225,6 +225,23 @@ class CudaFusedStagesTest(parameterized.TestCase):
     self.assertNotEmpty(tuned)
     self.assertEqual([fused] * len(tuned), ["fused stages=2" in line for line in tuned], tuned)
 
+  def test_event_join_matches_reference(self):
+    """JAX_DISTGEMM_AG_JOIN=event (read per call): the main stream joins the copy stream with
+    an event instead of the fused grid waiting for its own pushes; calls alternate the two."""
+    schedule = Schedule.AllGather1D_TilingCD_RotatingA
+    x, w, _ = test_util.random_inputs(77, (768, 512), (512, 1024), jnp.bfloat16)
+    ref = test_util.reference_np(x, w)
+    f, args = run_global(schedule, x, w)
+    try:
+      for rep in range(6):
+        if rep % 2:
+          os.environ["JAX_DISTGEMM_AG_JOIN"] = "event"
+        else:
+          os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
+        self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
+    finally:
+      os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
+
 
 def check_timeout_and_recovery(test, schedule, seed):
   """Device 1 never delivers (no push, no signal): the call fails within 30 s naming stage 1,
@@ -254,20 +271,23 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
 
   def tearDown(self):
     os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
+    os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
     super().tearDown()
 
   @parameterized.product(
       schedule=[Schedule.ReduceScatter1D_TilingA_RotatingC,
                 Schedule.ReduceScatter1D_TilingB_RotatingC],
-      mode=["all", "0"], shape=["square", "ragged", "tall"])
-  def test_fused_and_stage_paths_match_reference(self, schedule, mode, shape):
+      mode=["all", "0"], path=["remote_c", "push"], shape=["square", "ragged", "tall"])
+  def test_fused_and_stage_paths_match_reference(self, schedule, mode, path, shape):
     module = ffi_modules.module_for("cuda")
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # "all": fused remote C even at small k
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # "all": fused even at small k
+    os.environ["JAX_DISTGEMM_RS_PATH"] = path  # push: the epilogue stores into the peer's slot
     m, k, n = SHAPES[shape]
-    variant = 2 * (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC) + (mode == "all")
+    variant = (4 * (path == "push") + 2 * (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC)
+               + (mode == "all"))
     m += 16 * TP * (variant + 8)  # a shape per case: each tunes (and so lists) its launches
-    x, w, _ = test_util.random_inputs(hash((schedule, mode, shape)) % 2**31, (m, k), (k, n),
-                                      jnp.bfloat16)
+    x, w, _ = test_util.random_inputs(hash((schedule, mode, path, shape)) % 2**31, (m, k),
+                                      (k, n), jnp.bfloat16)
     ref = test_util.reference_np(x, w)
     with new_tuning_lines(module) as tuned:
       f, args = run_global(schedule, x, w)
@@ -303,8 +323,10 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     for i in (0, 1, 198, 199):
       self.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
 
-  def test_missing_peer_signal_times_out_and_recovers(self):
+  @parameterized.parameters("remote_c", "push")
+  def test_missing_peer_signal_times_out_and_recovers(self, path):
     os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"  # device 1's grid never signals stage 0 done
+    os.environ["JAX_DISTGEMM_RS_PATH"] = path
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 41)
 
 

@@ -26,7 +26,8 @@ std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
 std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
 
 // JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add|copy_ring forces a ReduceScatter data path
-// (executor.h).
+// (executor.h).  Read per call, so that a benchmark or test can compare paths in one process
+// (the slots of consecutive calls sit in different parity halves whichever path each took).
 int RsPathFromEnv() {
   const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
   if (e == nullptr) return kRsAuto;
@@ -123,7 +124,7 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.timeout_ms = timeout_ms;
   options.skip_signals = device_ordinal == g_fault_device.load();
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
-  static const int rs_path = RsPathFromEnv();
+  const int rs_path = RsPathFromEnv();  // read per call, as JAX_DISTGEMM_RS_FUSED
   static const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");
   options.poison_output = poison;
   options.rs_path = rs_path;
@@ -133,6 +134,7 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   static const bool no_overlap = EnvEquals("JAX_DISTGEMM_STAGE_OVERLAP", "0");
   options.overlap_stages = !no_overlap;
   options.fuse_stages = FuseStages();
+  options.ag_kernel_join = !EnvEquals("JAX_DISTGEMM_AG_JOIN", "event");  // read per call
   options.rs_fused = RsFusedFromEnv();
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
                                            timeout_ms);

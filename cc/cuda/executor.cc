@@ -300,13 +300,20 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
         if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
       }
     }
-    if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess) {
-      return CudaFailure("join copy stream");
-    }
+  }
+  const bool fused = o.fuse_stages && tp > 1 && tp <= kMaxFusedStages && chunks == 1 &&
+                     p.batch == 1 && CanFuse(p.in_type, p.out_type);
+  // How the main stream learns that the pushes (which read the caller's shard) are done: the
+  // fused grid waits for kPushDoneFlag before it completes, or an event join at the end.
+  const bool kernel_join = fused && o.ag_kernel_join;
+  if (tp > 1) {
+    cudaError_t e = kernel_join
+                        ? StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag, epoch)
+                        : cudaEventRecord(me.join, me.copy_stream);
+    if (e != cudaSuccess) return CudaError("join copy stream", e);
   }
 
-  if (o.fuse_stages && tp > 1 && tp <= kMaxFusedStages && chunks == 1 && p.batch == 1 &&
-      CanFuse(p.in_type, p.out_type)) {
+  if (fused) {
     // All stages in one grid: stage i is batch i of a ptr-array GEMM and waits for its flag in
     // the producer warp (sm90_fused_gemm.cuh).  Every stage has the same shape and pitches.
     GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
@@ -330,6 +337,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
         f.peer[i] = Sched::Source(rank, i, tp);
       }
     }
+    if (kernel_join) f.exit_wait_flag = me.flags + kPushDoneFlag;
     g.sync.wait_epoch = epoch;
     if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
   } else {
@@ -362,7 +370,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
     }
   }
   // XLA may reuse the shard's buffer once we return: the pushes must be done by then.
-  if (tp > 1 && cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) {
+  if (tp > 1 && !kernel_join && cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) {
     return CudaFailure("join");
   }
   return "";
@@ -460,7 +468,7 @@ void SetRsStageOperands(GemmOperands& o, const Problem& p, const CallBuffers& b,
   }
 }
 
-// Whether a kRemoteC ReduceScatter runs as one fused grid (sm90_fused_gemm.cuh,
+// Whether a kRemoteC or kPush ReduceScatter runs as one fused grid (sm90_fused_gemm.cuh,
 // SignalingEpilogue): every stage has the same shape and pitches, one batch.
 bool FusesReduceScatter(const Problem& p, const CallOptions& o) {
   if (o.rs_fused == kRsFusedOff || p.tp <= 1 || p.tp > kMaxFusedStages || p.batch != 1) {
@@ -469,18 +477,24 @@ bool FusesReduceScatter(const Problem& p, const CallOptions& o) {
   return CanFuse(p.in_type, p.out_type);
 }
 
-// ReduceScatter, kRemoteC, all stages in one grid.  Stage i is batch i of a ptr-array GEMM:
-// D = my slot i (out at the last), C = the left neighbour's slot i-1 (none at stage 0: beta 0).
-// The epilogue's C loads of stage i wait for flag(i); when every tile of my stage i is stored,
-// the grid itself sets the right neighbour's flag(i+1).  Same flags, slots and epochs as the
-// stage-per-launch kRemoteC below, so the ordering argument of peer_state.h carries over.
+// ReduceScatter, kRemoteC or kPush, all stages in one grid.  Stage i is batch i of a
+// ptr-array GEMM:
+//   kRemoteC  D = my slot i (out at the last), C = the left neighbour's slot i-1 (remote load)
+//   kPush     D = the right neighbour's slot i (remote TMA store), C = my slot i-1 (local)
+// with no C at stage 0 (beta 0).  The epilogue's C loads of stage i wait for flag(i); when
+// every tile of my stage i is stored (for kPush: landed in the neighbour's memory), the grid
+// itself sets the right neighbour's flag(i+1).  Same flags, slots and epochs as the
+// stage-per-launch paths below, so the ordering argument of peer_state.h carries over.
 template <class Sched>
 std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                           const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+                           const CallOptions& o, cudaStream_t stream, uint32_t epoch,
+                           bool push) {
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
   DeviceState& prev = group.dev(Sched::Source(rank, 1, tp));
+  DeviceState& store_to = push ? next : me;     // where running sum i lives
+  DeviceState& load_from = push ? me : prev;
   const MatrixView pv = p.PartialView();
   GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
   FusedStages& f = g.fused;
@@ -492,7 +506,7 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
   for (int i = 0; i < tp; ++i) {
     const bool last = i == tp - 1;
     SetRsStageOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), last,
-                       last ? nullptr : Slot(me, p, epoch, i));
+                       last ? nullptr : Slot(store_to, p, epoch, i));
     // NOTE: one set of leading dims for all stages (FusedStageGemm); the views agree for both
     // TilingA and TilingB (slot and out rows are sn wide), checked here anyway.
     if (i == 0) {
@@ -504,7 +518,7 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
     f.b[i] = g.ops.b;
     f.d[i] = g.ops.d;
     // Stage 0's C is never read (beta 0: CUTLASS skips the load) but must be a valid address.
-    f.c[i] = i == 0 ? g.ops.d : Slot(prev, p, epoch, i - 1);
+    f.c[i] = i == 0 ? g.ops.d : Slot(load_from, p, epoch, i - 1);
     f.beta[i] = i == 0 ? 0.f : 1.f;
     if (i > 0) {
       f.c_wait_flag[i] = me.flags + FlagIndex(i, 0);
@@ -526,8 +540,8 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  cudaStream_t stream, uint32_t epoch) {
   const RsPath path = ChooseRsPath(p, o);
   if (path == kRsCopyRing) return EnqueueRsCopyRing<Sched>(p, rank, group, b, o, stream, epoch);
-  if (path == kRsRemoteC && FusesReduceScatter(p, o)) {
-    return EnqueueRsFused<Sched>(p, rank, group, b, o, stream, epoch);
+  if ((path == kRsRemoteC || path == kRsPush) && FusesReduceScatter(p, o)) {
+    return EnqueueRsFused<Sched>(p, rank, group, b, o, stream, epoch, path == kRsPush);
   }
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;

@@ -39,6 +39,10 @@ struct CallOptions {
   // kernel is compiled for the types and the call has one batch and one chunk per stage;
   // JAX_DISTGEMM_AG_FUSED=0 (or set_fused_stages(False)) launches one GEMM per stage.
   bool fuse_stages = true;
+  // AllGather, fused: the grid itself waits for this device's pushes before it completes
+  // (FusedStages::exit_wait_flag) instead of the main stream waiting on an event of the copy
+  // stream.  JAX_DISTGEMM_AG_JOIN=event (read per call) restores the event.
+  bool ag_kernel_join = true;
   // ReduceScatter: kRemoteC as one grid (EnqueueRsFused, executor.cc) where a fused kernel is
   // compiled for the types, TP <= 8 and the call has one batch.  JAX_DISTGEMM_RS_FUSED=0 turns
   // it off (one launch per stage); =all also takes it where the automatic path would be

@@ -78,6 +78,10 @@ struct FusedStages {
   // start = first CTA (producer warp) to reach stage s, ready = last CTA past its wait for
   // stage s, end = last CTA to move on from stage s (for the last stage: to finish).
   uint64_t* trace[kMaxFusedStages] = {};
+  // AllGather: CTA 0 waits, before it exits, for *exit_wait_flag >= wait_epoch (this device's
+  // copy engine has finished pushing the shard the grid's caller may reuse), so that the main
+  // stream needs no event join on the copy stream (executor.cc); nullptr: no wait.
+  const uint32_t* exit_wait_flag = nullptr;
 };
 
 struct GemmLaunch {

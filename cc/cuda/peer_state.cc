@@ -137,8 +137,17 @@ std::string PeerGroup::PendingError() const {
   const volatile ErrorRecord* r = error_;
   if (r->code == 0) return "";
   std::ostringstream m;
-  m << "a wait on a peer timed out on GPU: rank " << r->rank << " (device "
-    << (r->rank >= 0 && r->rank < static_cast<int>(ids_.size()) ? ids_[r->rank] : -1)
+  const int64_t device =
+      r->rank >= 0 && r->rank < static_cast<int>(ids_.size()) ? ids_[r->rank] : -1;
+  if (r->stage == kPushDoneStage) {
+    m << "a wait timed out on GPU: rank " << r->rank << " (device " << device
+      << ") waited for its own copy engine to finish pushing call epoch " << r->expected
+      << " to its peers (flag still " << r->observed
+      << "); the outputs of that call are invalid. Call jax_distgemm.reset() once no call is "
+         "in flight to recover.";
+    return m.str();
+  }
+  m << "a wait on a peer timed out on GPU: rank " << r->rank << " (device " << device
     << ") at stage " << r->stage << " waited for rank " << r->peer << " to deliver call epoch "
     << r->expected << " (flag still " << r->observed
     << "). Every device of the TP group must run the same sequence of distgemm calls; the "

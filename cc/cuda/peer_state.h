@@ -38,6 +38,9 @@ inline constexpr int kMaxChunks = 4;
 inline constexpr int kNumFlags = kMaxTp * kMaxChunks;
 // flags[FlagIndex(stage, chunk)]
 inline constexpr int FlagIndex(int stage, int chunk) { return stage * kMaxChunks + chunk; }
+// Stage 0 never waits for data, so its first flag has another use: this device's own copy
+// stream sets it to the epoch once its AllGather pushes of that call are done (executor.cc).
+inline constexpr int kPushDoneFlag = FlagIndex(0, 0);
 
 struct DeviceState {
   int ordinal = -1;  // local CUDA ordinal; -1: a member in another process (IPC-mapped)

@@ -73,6 +73,12 @@ static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t st
                        w.peer[stage]);
 }
 
+// The fused AllGather grid's join (FusedStageKernel): this device's own pushes of the call are
+// done.  Out of line for the same reason as WaitForStage.
+static __device__ __noinline__ void WaitForOwnPushes(const uint32_t* flag, const StageWaits& w) {
+  WaitFlagUntil(flag, w.epoch, w.timeout_ns, w.error, w.rank, kPushDoneStage, w.rank);
+}
+
 // The waits of a fused launch on `flags` (FusedStages::wait_flag or c_wait_flag), with the
 // launch's epoch, timeout, error record and rank; no trace.
 inline StageWaits MakeWaits(const GemmLaunch& g, const uint32_t* const (&flags)[kMaxFusedStages]) {
@@ -145,8 +151,9 @@ struct FlagWaitMainloop : Base_ {
 
 // -- ReduceScatter: per-stage C waits and completion signals, in the epilogue ----------------------
 //
-// A fused ReduceScatter (remote C, executor.cc) runs its TP stages as the batches of one grid;
-// stage s > 0 adds the left neighbour's running sum of its stage s-1, read over NVLink as C.
+// A fused ReduceScatter (executor.cc) runs its TP stages as the batches of one grid; stage
+// s > 0 adds the left neighbour's running sum of its stage s-1 as C: read over NVLink (remote
+// C), or from this device's slot, where the neighbour's epilogue stored it (push).
 // Only C depends on the peer, and C is loaded by CUTLASS's epilogue producer warp, not by the
 // mainloop producer that FlagWaitMainloop holds: so the wait sits where that warp switches its
 // C descriptor to stage s, and the mainloop of stage s runs meanwhile.
@@ -259,8 +266,9 @@ struct SignalingEpilogue : Base_ {
 
  private:
   // Called by whole warps.  The TMA-store warp waits until its stores of stage_ have landed in
-  // memory (not only left shared memory), then adds its tile count; the add that completes the
-  // stage resets the counter for the next grid and signals the peer.
+  // memory (not only left shared memory; for push, the neighbour's memory), then adds its tile
+  // count; the add that completes the stage resets the counter for the next grid and signals
+  // the peer.
   CUTLASS_DEVICE void ReportStored() {
     const StageSignals& g = *signals_;
     if (g.counters == nullptr || !store_warp_ || tiles_ == 0) return;
@@ -334,6 +342,7 @@ struct FusedStageKernel : GemmKernel_ {
     FusedPointers pointers;
     void** table;
     uint64_t* trace_last;  // the last stage's trace record, or nullptr
+    const uint32_t* exit_flag;  // FusedStages::exit_wait_flag
   };
 
   static dim3 get_grid_shape(Params const& params) { return Base::get_grid_shape(params.base); }
@@ -348,6 +357,11 @@ struct FusedStageKernel : GemmKernel_ {
     __syncthreads();
     Base gemm;
     gemm(params.base, smem);
+    // Join: the grid completes only after this device's own pushes (FusedStages::exit_wait_flag).
+    if (params.exit_flag != nullptr && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 &&
+        blockIdx.z == 0) {
+      WaitForOwnPushes(params.exit_flag, params.base.mainloop.waits);
+    }
     // The last stage ends with the CTA; every warp stamps (warp-specialized roles finish at
     // different times).  Earlier stages' ends are stamped as producers move on (mainloop above).
     if (params.trace_last != nullptr && threadIdx.x % 32 == 0) TraceMax(&params.trace_last[2]);
@@ -446,6 +460,7 @@ struct FusedStageGemm {
     }
     params.table = f.table;
     params.trace_last = f.trace[f.count - 1];
+    params.exit_flag = f.exit_wait_flag;
     return RunKernel<Adapter>(params, g, stream);
   }
 

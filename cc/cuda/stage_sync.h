@@ -18,12 +18,15 @@ namespace jax_distgemm::cuda {
 struct ErrorRecord {
   uint32_t code;      // 0: none, 1: flag wait timed out
   int32_t rank;       // rank of the device that timed out
-  int32_t stage;      // stage whose wait timed out
+  int32_t stage;      // stage whose wait timed out, or kPushDoneStage
   int32_t peer;       // rank that should have signalled
   uint32_t expected;  // epoch waited for
   uint32_t observed;  // last flag value seen
   uint32_t pad[2];
 };
+
+// ErrorRecord::stage of a wait for this device's own pushes (a fused AllGather grid's join).
+inline constexpr int32_t kPushDoneStage = -1;
 
 struct StageSync {
   // Wait: every cluster's leader spins until (int32)(*wait_flag - wait_epoch) >= 0.
