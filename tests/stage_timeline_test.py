@@ -61,6 +61,21 @@ class SummarizeTest(absltest.TestCase):
     self.assertAlmostEqual(t["launches"][0]["ready"], 0.0)
 
 
+class ReportTest(absltest.TestCase):
+
+  def test_names_the_rank_order_when_devices_are_reversed(self):
+    timeline = stage_timeline._summarize([rec(1, 0, 0, 10, 10, 100, device=1)], 1)
+    result = {"case": "AG-RotA 64,32,16", "ranks": [1, 0], "ideal_ms": 0.1, "ours_ms": 0.125,
+              "eff": 0.8, "timeline": timeline}
+    text = stage_timeline.report("rev", [result])
+    self.assertIn("ranks 0..: devices [1, 0]; the ideal on device 1", text)
+    self.assertIn("device 1: span 90.0 us", text)
+    result["ideal"] = "all"
+    self.assertIn("the ideal on every device", stage_timeline.report("all", [result]))
+    del result["ranks"]  # JSON of runs before --reverse-devices existed
+    self.assertNotIn("ranks", stage_timeline.report("old", [result]))
+
+
 class CaseArgTest(absltest.TestCase):
 
   def test_accepts_short_and_full_names(self):

@@ -90,13 +90,15 @@ def _summarize(records, calls_wanted: int) -> dict:
 def child(args) -> None:
   import jax
   import numpy as np
-  from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
   from jax_distgemm import ffi as ffi_modules
   from jax_distgemm._src import bench_lib as bl
 
   devices, platform, _ = bl.select_devices(2)
   if platform != "gpu" or not ffi_modules.has_cuda():
     raise SystemExit("stage_timeline needs 2 GPUs and the CUDA module")
+  if args.reverse_devices:  # rank 0 (and the ideal) on the second GPU
+    devices = list(reversed(devices))
   cuda = ffi_modules.module_for("cuda")
   opts = bl.Options(repeats=args.repeats, warmup=args.warmup)
   results = []
@@ -108,18 +110,26 @@ def child(args) -> None:
     key = jax.random.fold_in(jax.random.key(args.seed), index)
     sets = bl.rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
     ours = bl.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
-    single = SingleDeviceSharding(devices[0])
     xi, wi, _ = case.ideal_shapes()
-    ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), len(sets), xi, wi, None, case.jdtype,
-                              (single, single, single))
-    ideal = bl.ideal_fn(case).lower(*ideal_sets[0]).compile()
+    if args.ideal == "all":  # every GPU runs its share at once: both get the same heat
+      stacked = NamedSharding(mesh, P("tp"))
+      ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), len(sets), (2,) + xi, (2,) + wi,
+                                None, case.jdtype, (stacked, stacked, stacked))
+      ideal_f = bl.ideal_all_devices_fn(case, mesh)
+    else:
+      single = SingleDeviceSharding(devices[0])
+      ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), len(sets), xi, wi, None,
+                                case.jdtype, (single, single, single))
+      ideal_f = bl.ideal_fn(case)
+    ideal = ideal_f.lower(*ideal_sets[0]).compile()
     entries = [bl.Timed("ideal", ideal, ideal_sets), bl.Timed("ffi", ours, sets)]
     bl.time_interleaved(entries, opts, lambda msg: None)
     t_ideal, t_ours = (statistics.median(e.times) for e in entries)
     cuda.trace_records(True)  # drop warm-up and timed calls
     entries[1].run(args.traced_calls)
     summary = _summarize(cuda.trace_records(True), args.traced_calls)
-    results.append({"case": case.label, "ideal_ms": t_ideal, "ours_ms": t_ours,
+    results.append({"case": case.label, "ranks": [d.id for d in devices], "ideal": args.ideal,
+                    "ideal_ms": t_ideal, "ours_ms": t_ours,
                     "eff": t_ideal / t_ours, "ideal_repeats": entries[0].times,
                     "ours_repeats": entries[1].times, "timeline": summary})
     del sets, ideal_sets, ours, ideal, entries
@@ -131,8 +141,12 @@ def child(args) -> None:
 def report(variant: str, results: list[dict]) -> str:
   lines = []
   for r in results:
+    ranks = r.get("ranks")
     lines.append(f"[{variant}] {r['case']}: ideal {r['ideal_ms']:.3f} ms, ours "
-                 f"{r['ours_ms']:.3f} ms, eff {r['eff']:.3f}")
+                 f"{r['ours_ms']:.3f} ms, eff {r['eff']:.3f}"
+                 + (f" (ranks 0..: devices {ranks}; the ideal on "
+                    + ("every device" if r.get("ideal") == "all" else f"device {ranks[0]}")
+                    + ")" if ranks else ""))
     for dev, t in r["timeline"].items():
       f = lambda v: "n/a" if v is None else f"{v:.1f}"
       lines.append(f"    device {dev}: span {f(t['span_us'])} us, gap to next call "
@@ -159,6 +173,12 @@ def main() -> None:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", metavar="PATH")
   p.add_argument("--timeout", type=float, default=300.0, help="seconds per variant")
+  p.add_argument("--ideal", choices=("device0", "all"), default="device0",
+                 help="the ideal on rank 0's GPU alone (as the benchmark's ideal row) or on "
+                      "every GPU at once (as its ideal_all row)")
+  p.add_argument("--reverse-devices", action="store_true",
+                 help="mesh order GPU 1, GPU 0: rank 0 and the ideal on GPU 1 (does a slower "
+                      "device follow the rank or the GPU?)")
   p.add_argument("--_child", dest="child_out", help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.child_out:
@@ -176,6 +196,9 @@ def main() -> None:
     cmd = [sys.executable, __file__, "--_child", out, "--cases", *args.cases,
            "--repeats", str(args.repeats), "--warmup", str(args.warmup),
            "--traced-calls", str(args.traced_calls), "--seed", str(args.seed)]
+    if args.reverse_devices:
+      cmd.append("--reverse-devices")
+    cmd += ["--ideal", args.ideal]
     try:
       proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
