@@ -26,9 +26,24 @@ class SummaryTest(absltest.TestCase):
     self.assertAlmostEqual(s["busy_us_per_call"], 20.0)
     self.assertAlmostEqual(s["idle_us_per_call"], 2.5)
     self.assertAlmostEqual(s["median_gap_us"], 5.0)
+    self.assertAlmostEqual(s["p90_gap_us"], 5.0)
+    self.assertAlmostEqual(s["max_gap_us"], 5.0)
+    self.assertEqual(s["gaps_over_20us"], 0)
     self.assertEqual(s["top_kernels"][0]["name"], "a")
     self.assertEqual(s["top_kernels"][0]["count"], 2)
     self.assertAlmostEqual(s["top_kernels"][0]["median_us"], 15.0)
+
+  def test_long_stalls_show_in_the_tail(self):
+    # Nine 2-us gaps and one 50-us stall between ten 10-us kernels.
+    ev, t = [], 0.0
+    for i in range(10):
+      ev.append((t, t + 10.0, "k"))
+      t += 10.0 + (50.0 if i == 4 else 2.0)
+    s = kernel_gaps.intervals_summary(ev, calls=10)
+    self.assertAlmostEqual(s["median_gap_us"], 2.0)
+    self.assertAlmostEqual(s["max_gap_us"], 50.0)
+    self.assertEqual(s["gaps_over_20us"], 1)
+    self.assertAlmostEqual(s["idle_us_per_call"], (8 * 2.0 + 50.0) / 10)
 
   def test_no_kernels(self):
     self.assertEqual(kernel_gaps.intervals_summary([], calls=3), {"kernels": 0})

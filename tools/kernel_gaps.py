@@ -75,11 +75,17 @@ def intervals_summary(events: list[tuple[float, float, str]], calls: int) -> dic
   for s, e, name in events:
     by_name[name].append(e - s)
   top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:3]
+  gaps_sorted = sorted(gaps)
+  pct = lambda q: gaps_sorted[min(len(gaps_sorted) - 1, int(q * len(gaps_sorted)))] if gaps else 0.0
   return {
       "kernels": len(events),
       "busy_us_per_call": busy / calls,
       "idle_us_per_call": (span - busy) / calls,
       "median_gap_us": statistics.median(gaps) if gaps else 0.0,
+      # Whether idle time is spread evenly (every gap alike) or a few long stalls.
+      "p90_gap_us": pct(0.9),
+      "max_gap_us": gaps_sorted[-1] if gaps else 0.0,
+      "gaps_over_20us": sum(1 for g in gaps if g > 20.0),
       "top_kernels": [{"name": n[:120], "count": len(d), "median_us": statistics.median(d)}
                       for n, d in top],
   }
@@ -225,8 +231,9 @@ def main(argv=None):
           tops = "; ".join(f"{k['count']}x {k['median_us']:.1f} us {k['name'][:60]}"
                            for k in s["top_kernels"])
           print(f"    GPU {d}: busy {s['busy_us_per_call']:.1f} us/call, idle "
-                f"{s['idle_us_per_call']:.1f} us/call, median gap {s['median_gap_us']:.1f} us | "
-                f"{tops}")
+                f"{s['idle_us_per_call']:.1f} us/call, gaps median {s['median_gap_us']:.1f} / "
+                f"p90 {s['p90_gap_us']:.1f} / max {s['max_gap_us']:.1f} us, "
+                f"{s['gaps_over_20us']} over 20 us | {tops}")
       sys.stdout.flush()
     results.append({"case": case.label, "calls": args.calls, "rows": case_rows,
                     "tuning": ffi_modules.module_for("cuda").describe_tuning().splitlines()})
