@@ -19,6 +19,7 @@ so consecutive calls never reuse a buffer that is still in cache.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import functools
@@ -223,6 +224,16 @@ def parse_case(text: str) -> Case:
   if (why := case.invalid_reason()) is not None:
     raise ValueError(f"{text!r}: {why}")
   return case
+
+
+def case_arg(text: str) -> str:
+  """argparse type of the tools' --cases entries: parse_case's check as a usage error, before
+  any device starts (the tools hand the text on, to children or to parse_case)."""
+  try:
+    parse_case(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from e
+  return text
 
 
 @dataclasses.dataclass
