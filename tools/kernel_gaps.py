@@ -105,13 +105,11 @@ def kernels_by_device(trace_path: str) -> dict[int, list[tuple[float, float, str
 def shard_bytes(case) -> int:
   """Bytes of the shard one device pushes per call (AllGather: x's or w's shard; ReduceScatter:
   one running sum, the partial output)."""
+  from jax_distgemm._src import bench_lib as bl  # noqa: PLC0415 - imports jax
   xg, wg, og = case.global_shapes()
   shape = {"AllGather1D_TilingCD_RotatingA": xg, "AllGather1D_TilingCD_RotatingB": wg}.get(
       case.schedule.name, og)
-  n = 1
-  for d in shape:
-    n *= d
-  return n * case.jdtype.itemsize // case.tp
+  return bl._nbytes(shape, case.jdtype) // case.tp
 
 
 def _start_copy_load(torch, nbytes: int, duration_ms: float, gbps: float = 395.0):
@@ -151,7 +149,7 @@ def main(argv=None):
 
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding  # noqa: PLC0415
+  from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: PLC0415
   from jax_distgemm import ffi as ffi_modules  # noqa: PLC0415
   from jax_distgemm._src import bench_lib as bl  # noqa: PLC0415
   try:
@@ -177,12 +175,11 @@ def main(argv=None):
       isets = bl.make_sets(jax.random.fold_in(key, 1 + d), len(sets), xi, wi, None, case.jdtype,
                            (single, single, single))
       rows.append((f"ideal@{d}", bl.ideal_fn(case), isets, {}))
-    stacked = NamedSharding(mesh, P("tp"))
-    asets = bl.make_sets(jax.random.fold_in(key, 3), len(sets), (2,) + xi, (2,) + wi, None,
-                         case.jdtype, (stacked, stacked, stacked))
-    rows.append(("ideal_all", bl.ideal_all_devices_fn(case, mesh), asets, {}))
+    asets = bl.stacked_ideal_sets(jax.random.fold_in(key, 3), len(sets), case, mesh)
+    ideal_all = bl.ideal_all_devices_fn(case, mesh)  # one jit for both rows
+    rows.append(("ideal_all", ideal_all, asets, {}))
     if args.copy_load:
-      rows.append(("ideal_all+copy", bl.ideal_all_devices_fn(case, mesh), asets, {}))
+      rows.append(("ideal_all+copy", ideal_all, asets, {}))
     ours = bl.distributed_fn(case, mesh, "ffi")
     rows.append(("ffi", ours, sets, {}))
     for name, value in args.ours_env:

@@ -86,7 +86,7 @@ def _summarize(records, calls_wanted: int) -> dict:
 def child(args) -> None:
   import jax
   import numpy as np
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
+  from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
   from jax_distgemm import ffi as ffi_modules
   from jax_distgemm._src import bench_lib as bl
 
@@ -106,13 +106,11 @@ def child(args) -> None:
     key = jax.random.fold_in(jax.random.key(args.seed), index)
     sets = bl.rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
     ours = bl.distributed_fn(case, mesh, "ffi").lower(*sets[0]).compile()
-    xi, wi, _ = case.ideal_shapes()
     if args.ideal == "all":  # every GPU runs its share at once: both get the same heat
-      stacked = NamedSharding(mesh, P("tp"))
-      ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), len(sets), (2,) + xi, (2,) + wi,
-                                None, case.jdtype, (stacked, stacked, stacked))
+      ideal_sets = bl.stacked_ideal_sets(jax.random.fold_in(key, 1), len(sets), case, mesh)
       ideal_f = bl.ideal_all_devices_fn(case, mesh)
     else:
+      xi, wi, _ = case.ideal_shapes()
       single = SingleDeviceSharding(devices[0])
       ideal_sets = bl.make_sets(jax.random.fold_in(key, 1), len(sets), xi, wi, None,
                                 case.jdtype, (single, single, single))

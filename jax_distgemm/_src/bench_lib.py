@@ -358,6 +358,16 @@ def rotating_sets(key, x_shape, w_shape, dtype, shardings, opts: Options):
   return make_sets(key, count, x_shape, w_shape, None, dtype, shardings)
 
 
+def stacked_ideal_sets(key, count: int, case: Case, mesh: Mesh):
+  """`count` fresh sets of one device's share (ideal_shapes, with c when beta != 0), stacked
+  [TP, ...] and sharded over the mesh's "tp" axis: ideal_all_devices_fn's inputs."""
+  xi, wi, oi = case.ideal_shapes()
+  tp = case.tp
+  stacked = NamedSharding(mesh, P("tp"))
+  return make_sets(key, count, (tp,) + tuple(xi), (tp,) + tuple(wi),
+                   (tp,) + tuple(oi) if case.beta != 0 else None, case.jdtype, (stacked,) * 3)
+
+
 # -- Implementations --------------------------------------------------------------------------------
 
 def distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
@@ -712,12 +722,10 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
       entries.append(Timed("ideal", call, ideal_sets))
 
     if tp > 1:  # the same per-device operands, stacked [TP, ...] over the mesh
-      stacked = NamedSharding(mesh, P("tp"))
       progress("ideal on every device: drawing inputs, compiling")
 
       def prep_mesh_ideal():
-        s = make_sets(jax.random.fold_in(key, 3), n_ideal, (tp,) + tuple(xi),
-                      (tp,) + tuple(wi), (tp,) + tuple(oi) if ci else None, dt, (stacked,) * 3)
+        s = stacked_ideal_sets(jax.random.fold_in(key, 3), n_ideal, case, mesh)
         return s, ideal_all_devices_fn(case, mesh).lower(*s[0]).compile()
 
       got, fail = guarded(prep_mesh_ideal)
