@@ -330,6 +330,73 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 41)
 
 
+class CudaCopyRingTest(parameterized.TestCase):
+  """ReduceScatter copy_ring (the default where the stage k <= 2048): one fused grid for every
+  (stage, chunk) where TP x chunks <= 8 and the chunks have equal rows; the grid marks each
+  chunk stored, the copy stream waits for the mark and pushes it.  JAX_DISTGEMM_RS_FUSED=0 and
+  JAX_DISTGEMM_RS_CHUNKS are read per call."""
+
+  def tearDown(self):
+    for k in ("JAX_DISTGEMM_RS_FUSED", "JAX_DISTGEMM_RS_CHUNKS"):
+      os.environ.pop(k, None)
+    super().tearDown()
+
+  # Rows of the running sum per device -> {chunks asked: batches of the fused grid per stage,
+  # or None where the chunks are unequal and the call takes one launch per chunk}.
+  ROWS = {"even": (1024, {1: 1, 2: 2, 4: 4}), "uneven": (640, {1: 1, 2: None, 4: None})}
+
+  @parameterized.product(
+      schedule=[Schedule.ReduceScatter1D_TilingA_RotatingC,
+                Schedule.ReduceScatter1D_TilingB_RotatingC],
+      mode=["1", "0"], chunks=[1, 2, 4], rows=["even", "uneven"])
+  def test_fused_and_chunk_launches_match_reference(self, schedule, mode, chunks, rows):
+    module = ffi_modules.module_for("cuda")
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
+    os.environ["JAX_DISTGEMM_RS_CHUNKS"] = str(chunks)
+    sm, batches = self.ROWS[rows]
+    tiling_a = schedule == Schedule.ReduceScatter1D_TilingA_RotatingC
+    m = sm * TP if tiling_a else sm
+    k = 512  # stage k 256 (TilingA) / 512: copy_ring
+    # A shape per case, so that each case tunes (and so lists) its own launches.
+    variant = 12 * (not tiling_a) + 6 * (mode == "0") + 2 * [1, 2, 4].index(chunks) + (
+        rows == "uneven")
+    n = 512 + 32 * variant
+    x, w, _ = test_util.random_inputs(hash((schedule, mode, chunks, rows)) % 2**31, (m, k),
+                                      (k, n), jnp.bfloat16)
+    ref = test_util.reference_np(x, w)
+    with new_tuning_lines(module) as tuned:
+      f, args = run_global(schedule, x, w)
+      for rep in range(3):  # both parities of the slots and pointer tables; counters reset
+        out = f(*args)
+        self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
+        self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
+    self.assertNotEmpty(tuned)
+    per_stage = batches[chunks] if mode == "1" else None
+    want = [f"fused stages={TP * per_stage}" if per_stage else None] * len(tuned)
+    got = [line[line.index("fused"):].split(":")[0] if "fused" in line else None
+           for line in tuned]
+    self.assertEqual(want, got, tuned)
+
+  @parameterized.parameters("1", "0")
+  def test_back_to_back_calls_alternating_shapes(self, mode):
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    cases = []
+    for i, (m, k, n) in enumerate([(1024, 512, 1024), (512, 1024, 384)]):  # equal chunks
+      x, w, _ = test_util.random_inputs(50 + i, (m, k), (k, n), jnp.bfloat16)
+      f, args = run_global(schedule, x, w)
+      cases.append((f, args, test_util.reference_np(x, w)))
+    outs = [cases[i % 2][0](*cases[i % 2][1]) for i in range(200)]
+    for i in (0, 1, 198, 199):
+      self.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
+
+  @parameterized.parameters("1", "0")
+  def test_missing_peer_push_times_out_and_recovers(self, mode):
+    # 512 x 512 @ 512 x 1024: stage k 256, two chunks of 128 rows: fused unless mode "0".
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # device 1's copy stream never pushes
+    check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 43)
+
+
 class CudaReliabilityTest(absltest.TestCase):
 
   def test_forced_timeout_reports_error_and_recovers(self):

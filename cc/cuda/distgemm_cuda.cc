@@ -129,8 +129,10 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.poison_output = poison;
   options.rs_path = rs_path;
   options.ag_chunks = ag_chunks;
-  static const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS");  // copy_ring; 0: default
-  if (rs_chunks > 0) options.rs_chunks = rs_chunks;
+  // copy_ring's chunks (0: default); read per call, so that a benchmark can compare them.
+  if (const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS"); rs_chunks > 0) {
+    options.rs_chunks = rs_chunks;
+  }
   static const bool no_overlap = EnvEquals("JAX_DISTGEMM_STAGE_OVERLAP", "0");
   options.overlap_stages = !no_overlap;
   options.fuse_stages = FuseStages();

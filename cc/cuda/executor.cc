@@ -26,6 +26,11 @@
 //     main stream : [s0 c0][s0 c1] [s1 c0: wait f(1,0)][s1 c1: wait f(1,1)] ...      <join>
 //     copy stream :        push s0 c0, f(1,0)=e  push s0 c1, f(1,1)=e  push s1 c0 ...
 //
+//             Fused (default where TP x chunks <= 8 and the chunks are equal): one grid runs
+//             every (stage, chunk) as a batch; it marks each chunk of its own stored, the copy
+//             stream waits for that mark (cuStreamWaitValue32), and stage i's epilogue waits
+//             for flag(i, c) before it loads C (EnqueueRsCopyRingFused).
+//
 // Slots are indexed [parity][slot] with parity = epoch % 2 (peer_state.h explains why that
 // suffices without a trailing barrier; EnqueueRsCopyRing repeats the argument for its slots).
 #include "cc/cuda/executor.h"
@@ -235,8 +240,9 @@ GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions&
 std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage, int chunk) {
   if (std::string err = ChooseConfig(g, stream); !err.empty()) return err;
   if (g.fused.count > 0) {  // one record per fused stage
+    const int per_stage = std::max(g.fused.chunks, 1);
     for (int s = 0; s < g.fused.count; ++s) {
-      g.fused.trace[s] = TraceReserve(g.device, epoch, s, chunk);
+      g.fused.trace[s] = TraceReserve(g.device, epoch, s / per_stage, chunk + s % per_stage);
     }
     if (g.fused.trace[g.fused.count - 1] == nullptr) g.fused.trace[0] = nullptr;
   } else {
@@ -391,6 +397,126 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
 // TP-2, ..., right's stage 1) on my stage 0 of call e-1, which ran after I finished call e-2,
 // the last reader of those slots.  And a flag >= e cannot be satisfied early by call e+1: that
 // write follows the same chunk's call e copy on the same copy stream.
+// Whether a kCopyRing call runs as one fused grid (EnqueueRsCopyRingFused): every (stage,
+// chunk) is a batch of one ptr-array GEMM, so the chunks must have equal rows and the batches
+// fit the pointer table.
+bool FusesCopyRing(const Problem& p, const CallOptions& o, int chunks) {
+  if (o.rs_fused == kRsFusedOff || p.tp <= 1 || p.batch != 1 ||
+      p.tp * chunks > kMaxFusedStages) {
+    return false;
+  }
+  int64_t lo, hi;
+  ChunkRange(p.sm(), chunks, 0, &lo, &hi);
+  return (hi - lo) * chunks == p.sm() && CanFuse(p.in_type, p.out_type);
+}
+
+// ReduceScatter, kCopyRing, all stages and chunks in one grid.  Batch b = i * chunks + c of a
+// ptr-array GEMM is stage i, chunk c (rows [lo, hi) of the running sum); tiles run in batch
+// order, so a CTA moves on to the next chunk without a launch in between:
+//
+//   grid (SMs)  : [s0 c0][s0 c1] [s1 c0: epilogue C waits f(1,0)][s1 c1: waits f(1,1)] ...
+//                       |done(0,0) |done(0,1)
+//   copy stream :        wait done(0,0), push s0 c0, right.f(1,0)=e; wait done(0,1), push ...
+//
+// D = my send slot i rows c (out at the last stage); C = my receive slot i rows c (stage i > 0,
+// beta 1; its epilogue loads wait for f(i, c), set by the left neighbour's copy stream).  When
+// every tile of batch b is stored, the grid itself sets this device's LocalDoneFlag(i, c)
+// (SignalingEpilogue), and the copy stream, blocked on it with cuStreamWaitValue32, pushes the
+// rows to the right neighbour's receive slot i+1 and sets its f(i+1, c).  Slots, flags and
+// epochs as EnqueueRsCopyRing (its NOTE on parity carries over: a chunk is still pushed only
+// after this call's GEMM of it, and the call joins its copies before it completes).
+// NOTE: the copy stream's waits are enqueued after the grid: a blocked stream-memory wait can
+// hold up other streams that share its hardware queue, and the grid must not be one of them.
+template <class Sched>
+std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
+                                   const CallBuffers& b, const CallOptions& o,
+                                   cudaStream_t stream, uint32_t epoch, int chunks) {
+  DeviceState& me = group.dev(rank);
+  const int tp = p.tp;
+  DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
+  const MatrixView pv = p.PartialView();
+  const size_t osz = ElemSize(p.out_type);
+  const int64_t rows = p.sm();
+  GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+  FusedStages& f = g.fused;
+  f.count = tp * chunks;
+  f.chunks = chunks;
+  f.table = FusedTable(me, epoch);
+  f.stage_beta = true;
+  f.counters = StageCounters(me);
+  int64_t lda = -1, ldb = -1, ldd = -1;
+  for (int i = 0; i < tp; ++i) {
+    const int tile = Sched::OutputTile(rank, i, tp);
+    const bool last = i == tp - 1;
+    const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
+    uint8_t* send = last ? nullptr : Slot(me, p, epoch, RsSendSlot(i));
+    const uint8_t* recv = i == 0 ? nullptr : Slot(me, p, epoch, RsRecvSlot(p, i));
+    for (int c = 0; c < chunks; ++c) {
+      const int s = i * chunks + c;
+      int64_t lo, hi;
+      ChunkRange(rows, chunks, c, &lo, &hi);
+      g.ops.m = hi - lo;
+      SetA(g.ops, At(b.x, av.offset + lo * av.ld, p.in_type), av);
+      SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
+      if (last) {
+        SetD(g.ops, At(b.out, ov.offset + lo * ov.ld, p.out_type), ov);
+      } else {
+        SetD(g.ops, send + lo * pv.ld * osz, pv);
+      }
+      // NOTE: one set of leading dims for all batches (FusedStageGemm), as EnqueueRsFused.
+      if (s == 0) {
+        lda = g.ops.lda, ldb = g.ops.ldb, ldd = g.ops.ldd;
+      } else if (g.ops.lda != lda || g.ops.ldb != ldb || g.ops.ldd != ldd || pv.ld != ldd) {
+        return "fused copy ring: stage views differ in pitch";
+      }
+      f.a[s] = g.ops.a;
+      f.b[s] = g.ops.b;
+      f.d[s] = g.ops.d;
+      // Stage 0's C is never read (beta 0) but must be a valid address.
+      f.c[s] = i == 0 ? g.ops.d : recv + lo * pv.ld * osz;
+      f.beta[s] = i == 0 ? 0.f : 1.f;
+      if (i > 0) {
+        f.c_wait_flag[s] = me.flags + FlagIndex(i, c);
+        f.peer[s] = Sched::Source(rank, i, tp);
+      }
+      if (!last) f.done_flag[s] = me.flags + LocalDoneFlag(i, c);
+    }
+  }
+  g.ops.c = f.c[0];  // selects the kernel with a C operand
+  g.ops.ldc = pv.ld;
+  g.ops.batch_stride_c = 0;
+  g.ops.beta = 1.f;  // unused: per-batch beta
+  g.sync.wait_epoch = epoch;
+  // The copy stream starts after what precedes the call on the main stream (fork), as the
+  // other paths' copies do.
+  if (cudaEventRecord(me.fork, stream) != cudaSuccess ||
+      cudaStreamWaitEvent(me.copy_stream, me.fork, 0) != cudaSuccess) {
+    return CudaFailure("fork copy stream");
+  }
+  if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
+  for (int i = 0; i + 1 < tp && !o.skip_signals; ++i) {
+    const uint8_t* send = Slot(me, p, epoch, RsSendSlot(i));
+    for (int c = 0; c < chunks; ++c) {
+      int64_t lo, hi;
+      ChunkRange(rows, chunks, c, &lo, &hi);
+      cudaError_t e = StreamWaitValue32(me.copy_stream, me.flags + LocalDoneFlag(i, c), epoch);
+      if (e == cudaSuccess) {
+        e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)), send, lo, hi,
+                            me.copy_stream);
+      }
+      if (e == cudaSuccess) {
+        e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(i + 1, c), epoch);
+      }
+      if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
+    }
+  }
+  if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess ||
+      cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) {
+    return CudaFailure("join copy stream");
+  }
+  return "";
+}
+
 template <class Sched>
 std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
                               const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
@@ -401,6 +527,9 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
   const size_t osz = ElemSize(p.out_type);
   const int64_t rows = p.sm();
   const int chunks = RsChunks(p, o);
+  if (FusesCopyRing(p, o, chunks)) {
+    return EnqueueRsCopyRingFused<Sched>(p, rank, group, b, o, stream, epoch, chunks);
+  }
   for (int i = 0; i < tp; ++i) {
     const int tile = Sched::OutputTile(rank, i, tp);
     const bool last = i == tp - 1;

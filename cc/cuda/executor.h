@@ -29,7 +29,7 @@ struct CallOptions {
   int rs_path = 0;
   int ag_chunks = 0;
   // kRsCopyRing only: row chunks per stage (clamped to [1, kMaxChunks], at most one per 128
-  // rows); JAX_DISTGEMM_RS_CHUNKS overrides the default.
+  // rows); JAX_DISTGEMM_RS_CHUNKS (read per call) overrides the default.
   int rs_chunks = 2;
   // Later launches of a call that read nothing the launch before them writes start their GEMM
   // as soon as they are resident (StageSync::overlap_previous); JAX_DISTGEMM_STAGE_OVERLAP=0
@@ -43,10 +43,12 @@ struct CallOptions {
   // (FusedStages::exit_wait_flag) instead of the main stream waiting on an event of the copy
   // stream.  JAX_DISTGEMM_AG_JOIN=event (read per call) restores the event.
   bool ag_kernel_join = true;
-  // ReduceScatter: kRemoteC as one grid (EnqueueRsFused, executor.cc) where a fused kernel is
-  // compiled for the types, TP <= 8 and the call has one batch.  JAX_DISTGEMM_RS_FUSED=0 turns
-  // it off (one launch per stage); =all also takes it where the automatic path would be
-  // kCopyRing (stage k <= 2048).  Read per call.
+  // ReduceScatter: kRemoteC and kPush as one grid (EnqueueRsFused, executor.cc) where a fused
+  // kernel is compiled for the types, TP <= 8 and the call has one batch; kCopyRing likewise
+  // (EnqueueRsCopyRingFused) where TP x chunks <= 8 and the chunks are equal.
+  // JAX_DISTGEMM_RS_FUSED=0 turns both off (one launch per stage or chunk); =all also takes
+  // fused remote C where the automatic path would be kCopyRing (stage k <= 2048).  Read per
+  // call.
   int rs_fused = 1;
 };
 enum RsFused : int { kRsFusedOff = 0, kRsFusedOn = 1, kRsFusedAll = 2 };

@@ -57,6 +57,9 @@ inline constexpr int kFusedTableEntries = 5 * kMaxFusedStages;
 inline constexpr int kFusedBetaEntry = 4 * kMaxFusedStages;
 struct FusedStages {
   int count = 0;  // 0: an ordinary stage launch (GemmOperands' pointers)
+  // Batches per schedule stage: batch s is stage s / chunks, chunk s % chunks (the fused copy
+  // ring, executor.cc; 1 elsewhere).  Names the stage in timeout errors and traces.
+  int chunks = 1;
   const void* a[kMaxFusedStages] = {};
   const void* b[kMaxFusedStages] = {};
   const void* c[kMaxFusedStages] = {};  // all nullptr or none (GemmOperands::c says which)

@@ -218,4 +218,22 @@ cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown;
 }
 
+cudaError_t StreamWaitValue32(cudaStream_t stream, const uint32_t* address, uint32_t value) {
+  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  static Fn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      p = nullptr;
+    }
+    return reinterpret_cast<Fn>(p);
+  }();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
+                  value, CU_STREAM_WAIT_VALUE_GEQ);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
 }  // namespace jax_distgemm::cuda

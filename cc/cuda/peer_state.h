@@ -41,6 +41,13 @@ inline constexpr int FlagIndex(int stage, int chunk) { return stage * kMaxChunks
 // Stage 0 never waits for data, so its first flag has another use: this device's own copy
 // stream sets it to the epoch once its AllGather pushes of that call are done (executor.cc).
 inline constexpr int kPushDoneFlag = FlagIndex(0, 0);
+// Words no peer writes: this device's own fused copy-ring grid (executor.cc) sets
+// LocalDoneFlag(i, c) once chunk c of its stage i is stored, and its copy stream waits for that
+// before it pushes the chunk.  Peers write data flags FlagIndex(i, .) with i < TP, and the fused
+// copy ring runs only with TP <= kMaxFusedStages (8), far below these (stages 63, 62, ...).
+inline constexpr int LocalDoneFlag(int stage, int chunk) {
+  return FlagIndex(kMaxTp - 1 - stage, chunk);
+}
 
 struct DeviceState {
   int ordinal = -1;  // local CUDA ordinal; -1: a member in another process (IPC-mapped)
@@ -115,5 +122,9 @@ std::vector<PeerGroup*> AllPeerGroups();
 
 // cuStreamWriteValue32 through the driver entry point (no link-time dependency on libcuda).
 cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t value);
+// cuStreamWaitValue32(GEQ, cyclic): later work on `stream` waits until *address >= value.
+// NOTE: a blocked wait can hold up other streams that share its hardware queue: enqueue it only
+// after the work that will satisfy it has been enqueued.
+cudaError_t StreamWaitValue32(cudaStream_t stream, const uint32_t* address, uint32_t value);
 
 }  // namespace jax_distgemm::cuda

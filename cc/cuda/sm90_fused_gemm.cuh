@@ -24,6 +24,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -58,6 +59,7 @@ struct PtrArraySchedules<cutlass::gemm::KernelTmaWarpSpecializedPingpong> {
 struct StageWaits {
   const uint32_t* flag[kMaxFusedStages] = {};  // nullptr: no wait
   int32_t peer[kMaxFusedStages] = {};
+  int32_t stage[kMaxFusedStages] = {};  // the schedule stage of batch s (FusedStages::chunks)
   uint32_t epoch = 0;
   uint64_t timeout_ns = 0;
   ErrorRecord* error = nullptr;
@@ -69,7 +71,7 @@ struct StageWaits {
 // wait made the kernel spill.  Returns false on timeout.  Serves the mainloop's operand waits
 // and the epilogue's C waits alike.
 static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t stage) {
-  return WaitFlagUntil(w.flag[stage], w.epoch, w.timeout_ns, w.error, w.rank, stage,
+  return WaitFlagUntil(w.flag[stage], w.epoch, w.timeout_ns, w.error, w.rank, w.stage[stage],
                        w.peer[stage]);
 }
 
@@ -86,6 +88,7 @@ inline StageWaits MakeWaits(const GemmLaunch& g, const uint32_t* const (&flags)[
   for (int s = 0; s < g.fused.count; ++s) {
     w.flag[s] = flags[s];
     w.peer[s] = g.fused.peer[s];
+    w.stage[s] = s / std::max(g.fused.chunks, 1);
   }
   w.epoch = g.sync.wait_epoch;
   w.timeout_ns = g.sync.timeout_ns;
