@@ -225,6 +225,34 @@ class CudaFusedStagesTest(parameterized.TestCase):
     self.assertNotEmpty(tuned)
     self.assertEqual([fused] * len(tuned), ["fused stages=2" in line for line in tuned], tuned)
 
+  @parameterized.product(
+      schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
+      chunks=[2, 4], extent=[1024, 640])
+  def test_chunked_shard_in_the_fused_grid(self, schedule, chunks, extent):
+    """JAX_DISTGEMM_AG_CHUNKS (read per call): the shard travels in chunks with a flag each, and
+    each tile of the fused grid waits only for the chunk it reads.  Chunks are whole 256s where
+    they can be: 1024 rows or columns in 2 or 4; 640 in 2 of 384 and 256 either way, so that
+    256-row tiles straddle the boundary."""
+    module = ffi_modules.module_for("cuda")
+    os.environ["JAX_DISTGEMM_AG_CHUNKS"] = str(chunks)
+    rot_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
+    m, k, n = (extent * TP, 512, 768) if rot_a else (512, 512, extent * TP)
+    # A shape per case, so that each case tunes (and so lists) its own launches.
+    k += 64 * (4 * (not rot_a) + 2 * (chunks == 4) + (extent == 640))
+    x, w, _ = test_util.random_inputs(hash((schedule, chunks, extent)) % 2**31, (m, k), (k, n),
+                                      jnp.bfloat16)
+    ref = test_util.reference_np(x, w)
+    try:
+      with new_tuning_lines(module) as tuned:
+        f, args = run_global(schedule, x, w)
+        for rep in range(3):
+          out = f(*args)
+          self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten, {rep}")
+          self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
+    finally:
+      os.environ.pop("JAX_DISTGEMM_AG_CHUNKS", None)
+    self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
+
   def test_event_join_matches_reference(self):
     """JAX_DISTGEMM_AG_JOIN=event (read per call): the main stream joins the copy stream with
     an event instead of the fused grid waiting for its own pushes; calls alternate the two."""

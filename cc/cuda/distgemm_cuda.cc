@@ -125,7 +125,7 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.skip_signals = device_ordinal == g_fault_device.load();
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
   const int rs_path = RsPathFromEnv();  // read per call, as JAX_DISTGEMM_RS_FUSED
-  static const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");
+  const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");  // read per call
   options.poison_output = poison;
   options.rs_path = rs_path;
   options.ag_chunks = ag_chunks;

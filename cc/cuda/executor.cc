@@ -8,8 +8,9 @@
 //
 //   Stage 0 starts at once on the local shard while the copy engine pushes this device's
 //   shard into every peer's slot (the peer that needs it soonest first).  Optionally
-//   (JAX_DISTGEMM_AG_CHUNKS) the shard travels in chunks and stage i runs one GEMM per chunk,
-//   each waiting only for its own chunk.
+//   (JAX_DISTGEMM_AG_CHUNKS) the shard travels in chunks, each with its own flag: in the fused
+//   grid each tile of stage i waits only for the chunk it reads; with stage launches
+//   (JAX_DISTGEMM_AG_FUSED=0) stage i runs one GEMM per chunk.
 //
 // ReduceScatter (ring; the running sum of stage i feeds the right neighbour's stage i+1):
 //
@@ -307,8 +308,8 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       }
     }
   }
-  const bool fused = o.fuse_stages && tp > 1 && tp <= kMaxFusedStages && chunks == 1 &&
-                     p.batch == 1 && CanFuse(p.in_type, p.out_type);
+  const bool fused = o.fuse_stages && tp > 1 && tp <= kMaxFusedStages && p.batch == 1 &&
+                     CanFuse(p.in_type, p.out_type);
   // How the main stream learns that the pushes (which read the caller's shard) are done: the
   // fused grid waits for kPushDoneFlag before it completes, or an event join at the end.
   const bool kernel_join = fused && o.ag_kernel_join;
@@ -344,6 +345,14 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       }
     }
     if (kernel_join) f.exit_wait_flag = me.flags + kPushDoneFlag;
+    if (chunks > 1) {  // each tile waits for the chunk of the shard it reads (FlagWaitMainloop)
+      int64_t lo, hi;
+      ChunkRange(extent, chunks, 0, &lo, &hi);
+      f.shard_chunks = chunks;
+      f.shard_dim = kRotA ? 0 : 1;
+      f.shard_chunk_size = hi - lo;
+      f.shard_extent = extent;
+    }
     g.sync.wait_epoch = epoch;
     if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
   } else {

@@ -85,6 +85,12 @@ struct FusedStages {
   // copy engine has finished pushing the shard the grid's caller may reuse), so that the main
   // stream needs no event join on the copy stream (executor.cc); nullptr: no wait.
   const uint32_t* exit_wait_flag = nullptr;
+  // AllGather: the rotating shard arrives in `shard_chunks` chunks (flags wait_flag[s] + c) of
+  // `shard_chunk_size` rows of A (shard_dim 0, RotatingA) or columns of B (1, RotatingB), the
+  // last one up to `shard_extent`; a tile waits only for the chunk it reads.  1: one flag.
+  int shard_chunks = 1;
+  int shard_dim = 0;
+  int64_t shard_chunk_size = 0, shard_extent = 0;
 };
 
 struct GemmLaunch {

@@ -60,6 +60,11 @@ struct StageWaits {
   const uint32_t* flag[kMaxFusedStages] = {};  // nullptr: no wait
   int32_t peer[kMaxFusedStages] = {};
   int32_t stage[kMaxFusedStages] = {};  // the schedule stage of batch s (FusedStages::chunks)
+  // AllGather with a chunked shard (FusedStages::shard_chunks > 1): a tile of batch s > 0
+  // waits for flag[s] + c, c = the shard chunk that holds the tile's last row (dim 0) or
+  // column (dim 1); chunks travel in order on one copy stream, so that covers the ones before.
+  int32_t shard_chunks = 1, shard_dim = 0;
+  int64_t shard_chunk_size = 0, shard_extent = 0;
   uint32_t epoch = 0;
   uint64_t timeout_ns = 0;
   ErrorRecord* error = nullptr;
@@ -70,9 +75,10 @@ struct StageWaits {
 // Out of line: the producer warp runs on few registers (setmaxnreg), and inlined here the
 // wait made the kernel spill.  Returns false on timeout.  Serves the mainloop's operand waits
 // and the epilogue's C waits alike.
-static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t stage) {
-  return WaitFlagUntil(w.flag[stage], w.epoch, w.timeout_ns, w.error, w.rank, w.stage[stage],
-                       w.peer[stage]);
+static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t stage,
+                                                 int32_t chunk = 0) {
+  return WaitFlagUntil(w.flag[stage] + chunk, w.epoch, w.timeout_ns, w.error, w.rank,
+                       w.stage[stage], w.peer[stage]);
 }
 
 // The fused AllGather grid's join (FusedStageKernel): this device's own pushes of the call are
@@ -90,6 +96,10 @@ inline StageWaits MakeWaits(const GemmLaunch& g, const uint32_t* const (&flags)[
     w.peer[s] = g.fused.peer[s];
     w.stage[s] = s / std::max(g.fused.chunks, 1);
   }
+  w.shard_chunks = std::max(g.fused.shard_chunks, 1);
+  w.shard_dim = g.fused.shard_dim;
+  w.shard_chunk_size = g.fused.shard_chunk_size;
+  w.shard_extent = g.fused.shard_extent;
   w.epoch = g.sync.wait_epoch;
   w.timeout_ns = g.sync.timeout_ns;
   w.error = g.sync.error;
@@ -99,10 +109,13 @@ inline StageWaits MakeWaits(const GemmLaunch& g, const uint32_t* const (&flags)[
 
 // The CUTLASS ptr-array mainloop, unchanged except that switching the TMA descriptors to
 // batch s first waits for flag s.  The kernels call tensormaps_perform_update from the mainloop
-// producer warp only, once per batch change, before the first load of that batch.
+// producer warp only, once per batch change, before the first load of that batch.  With a
+// chunked shard the wait moves to each tile's first load instead (load below), for the chunk
+// that tile reads.
 template <class Base_>
 struct FlagWaitMainloop : Base_ {
   using Base = Base_;
+  using TileShape = typename Base::TileShape;
   struct Arguments : Base::Arguments {
     StageWaits waits;
   };
@@ -132,7 +145,10 @@ struct FlagWaitMainloop : Base_ {
       TraceMin(&w.trace[next_batch][0]);
       for (int s = 0; s < next_batch; ++s) TraceMax(&w.trace[s][2]);  // stages it skipped too
     }
-    if (next_batch > 0 && next_batch < kMaxFusedStages && w.flag[next_batch] != nullptr) {
+    batch_ = next_batch;
+    waited_chunk_ = -1;
+    if (w.shard_chunks == 1 && next_batch > 0 && next_batch < kMaxFusedStages &&
+        w.flag[next_batch] != nullptr) {
       // NOTE: after a timeout the CTA goes on with whatever the slot holds (the error record
       // makes the host fail the call) and skips its later waits, so TP-1 stages do not each
       // wait out the timeout.  Not read here: the error record itself, which lives in host
@@ -148,8 +164,41 @@ struct FlagWaitMainloop : Base_ {
                                     problem_shape_mnkl, next_batch);
   }
 
+  // A tile's loads, after (chunked shard only) the wait for the chunk it reads.
+  template <class Pipeline, class PipelineState, class LoadInputs, class TensorMaps,
+            class BlockCoord, class KTileIterator, class TensorStorage>
+  CUTLASS_DEVICE void load(Params const& params, Pipeline pipeline, PipelineState state,
+                           LoadInputs const& load_inputs, TensorMaps const& input_tensormaps,
+                           BlockCoord const& blk_coord, KTileIterator k_tile_iter,
+                           int k_tile_count, int thread_idx, uint32_t block_rank_in_cluster,
+                           TensorStorage& shared_tensors) {
+    const StageWaits& w = params.waits;
+    if (w.shard_chunks > 1 && batch_ > 0 && batch_ < kMaxFusedStages &&
+        w.flag[batch_] != nullptr) {
+      const int64_t tile = w.shard_dim == 0 ? int64_t{cute::size<0>(TileShape{})}
+                                            : int64_t{cute::size<1>(TileShape{})};
+      const int64_t coord = w.shard_dim == 0 ? int64_t(cute::get<0>(blk_coord))
+                                             : int64_t(cute::get<1>(blk_coord));
+      const int64_t last = cute::min((coord + 1) * tile, w.shard_extent) - 1;
+      const int32_t c = static_cast<int32_t>(
+          cute::min(last / cute::max(w.shard_chunk_size, int64_t{1}),
+                    int64_t{w.shard_chunks - 1}));
+      if (c > waited_chunk_) {
+        if (cute::elect_one_sync() && !timed_out_) timed_out_ = !WaitForStage(w, batch_, c);
+        __syncwarp();
+        asm volatile("fence.proxy.async.global;" ::: "memory");  // as above
+        waited_chunk_ = c;
+        if (w.trace[0] != nullptr && cute::elect_one_sync()) TraceMax(&w.trace[batch_][1]);
+      }
+    }
+    Base::load(params, pipeline, state, load_inputs, input_tensormaps, blk_coord, k_tile_iter,
+               k_tile_count, thread_idx, block_rank_in_cluster, shared_tensors);
+  }
+
  private:
   bool timed_out_ = false;  // this thread's wait timed out before (see above)
+  int32_t batch_ = 0;  // the batch whose descriptors are loaded
+  int32_t waited_chunk_ = -1;  // chunked shard: the last chunk of batch_ waited for
 };
 
 // -- ReduceScatter: per-stage C waits and completion signals, in the epilogue ----------------------
