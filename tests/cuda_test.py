@@ -271,18 +271,20 @@ class CudaFusedStagesTest(parameterized.TestCase):
       os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
 
 
-def check_timeout_and_recovery(test, schedule, seed):
-  """Device 1 never delivers (no push, no signal): the call fails within 30 s naming stage 1,
-  and after jax_distgemm.reset() the same call is correct again."""
+def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
+                               message="timed out on GPU.*stage 1"):
+  """Device 1 misbehaves (fault_kind 0: never delivers, no push, no signal; 1: never marks its
+  own pushes done): the call fails within 30 s with `message`, and after jax_distgemm.reset()
+  the same call is correct again."""
   module = ffi_modules.module_for("cuda")
   x, w, _ = test_util.random_inputs(seed, (512, 512), (512, 1024), jnp.bfloat16)
   f, args = run_global(schedule, x, w, timeout_ms=500)
   jax.block_until_ready(f(*args))
   module.set_sync_check(True)
-  module.set_fault_device(GPUS[1].local_hardware_id)
+  module.set_fault_device(GPUS[1].local_hardware_id, fault_kind)
   try:
     t0 = time.perf_counter()
-    with test.assertRaisesRegex(Exception, "timed out on GPU.*stage 1"):
+    with test.assertRaisesRegex(Exception, message):
       jax.block_until_ready(f(*args))
     test.assertLess(time.perf_counter() - t0, 30)
   finally:
@@ -430,6 +432,12 @@ class CudaReliabilityTest(absltest.TestCase):
   def test_forced_timeout_reports_error_and_recovers(self):
     # Device 1 never pushes its shard.
     check_timeout_and_recovery(self, Schedule.AllGather1D_TilingCD_RotatingA, 5)
+
+  def test_grid_join_timeout_names_own_copy_engine_and_recovers(self):
+    # Device 1's pushes land, but its copy stream never marks them done: its fused grid's
+    # join (CTA 0, before the grid exits) times out.
+    check_timeout_and_recovery(self, Schedule.AllGather1D_TilingCD_RotatingA, 6, fault_kind=1,
+                               message="timed out on GPU.*own copy engine")
 
   def test_memory_stable_over_2000_calls_5_shapes(self):
     module = ffi_modules.module_for("cuda")

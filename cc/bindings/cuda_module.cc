@@ -34,8 +34,10 @@ NB_MODULE(_distgemm_cuda, m) {
         "Drain all devices, zero flags and epochs, clear sticky errors. Returns '' or an error.");
   m.def("pending_error", &jax_distgemm::cuda::PendingErrors);
   m.def("describe_tuning", &jax_distgemm::cuda::DescribeTuning);
-  m.def("set_fault_device", &jax_distgemm::cuda::SetCudaFaultDevice,
-        "Test hook: this device ordinal never signals its peers (-1 disables).");
+  m.def("set_fault_device", &jax_distgemm::cuda::SetCudaFaultDevice, nb::arg("ordinal"),
+        nb::arg("kind") = 0,
+        "Test hook: this device ordinal (-1: none) misbehaves; kind 0: it never delivers to its "
+        "peers, kind 1: it never marks its own AllGather pushes done (its grid's join times out).");
   m.def("mem_get_info", [](int ordinal) {
     // (free, total) bytes of a device, counting memory outside XLA's pool (our workspace).
     size_t free_b = 0, total_b = 0;

@@ -22,6 +22,7 @@ namespace jax_distgemm::cuda {
 namespace {
 
 std::atomic<int> g_fault_device{-1};
+std::atomic<int> g_fault_kind{0};  // SetCudaFaultDevice
 std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
 std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
 
@@ -122,7 +123,9 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                       p.has_c ? c.untyped_data() : nullptr, out->untyped_data()};
   CallOptions options;
   options.timeout_ms = timeout_ms;
-  options.skip_signals = device_ordinal == g_fault_device.load();
+  const bool faulty = device_ordinal == g_fault_device.load();
+  options.skip_signals = faulty && g_fault_kind.load() == 0;
+  options.skip_push_done = faulty && g_fault_kind.load() == 1;
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
   const int rs_path = RsPathFromEnv();  // read per call, as JAX_DISTGEMM_RS_FUSED
   const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");  // read per call
@@ -178,7 +181,10 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
 
 }  // namespace
 
-void SetCudaFaultDevice(int ordinal) { g_fault_device.store(ordinal); }
+void SetCudaFaultDevice(int ordinal, int kind) {
+  g_fault_kind.store(kind);
+  g_fault_device.store(ordinal);
+}
 void SetSyncCheck(bool on) { g_sync_check.store(on ? 1 : 0); }
 void SetFuseStages(bool on) { g_fuse_stages.store(on ? 1 : 0); }
 

@@ -10,7 +10,10 @@ namespace jax_distgemm::cuda {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCuda);
 
 // Test hooks and recovery (exposed by the nanobind module).
-void SetCudaFaultDevice(int ordinal);  // that device never signals peers; -1 disables
+// Test hook: device `ordinal` (-1: none) misbehaves.  kind 0: it never delivers to its peers
+// (no pushes, no signals); kind 1: its AllGather pushes land but its copy stream never marks
+// them done, so its own fused grid's join times out.
+void SetCudaFaultDevice(int ordinal, int kind = 0);
 void SetSyncCheck(bool on);            // synchronize after each call to report errors at once
 void SetFuseStages(bool on);           // AllGather: one fused grid per call (CallOptions)
 std::string ResetAll();                // drain, zero flags and epochs, clear sticky errors

@@ -314,9 +314,10 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   // fused grid waits for kPushDoneFlag before it completes, or an event join at the end.
   const bool kernel_join = fused && o.ag_kernel_join;
   if (tp > 1) {
-    cudaError_t e = kernel_join
-                        ? StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag, epoch)
-                        : cudaEventRecord(me.join, me.copy_stream);
+    cudaError_t e = !kernel_join        ? cudaEventRecord(me.join, me.copy_stream)
+                    : o.skip_push_done ? cudaSuccess
+                                       : StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag,
+                                                            epoch);
     if (e != cudaSuccess) return CudaError("join copy stream", e);
   }
 

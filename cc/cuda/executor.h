@@ -23,6 +23,7 @@ struct CallBuffers {
 struct CallOptions {
   int64_t timeout_ms = 30000;
   bool skip_signals = false;  // fault injection (tests): never deliver to peers
+  bool skip_push_done = false;  // fault injection (tests): never mark own pushes done
   bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
   // Overrides of the per-shape choices (executor.cc, ChooseRsPath / AgChunks); from the
   // environment (JAX_DISTGEMM_RS_PATH, JAX_DISTGEMM_AG_CHUNKS), 0 / empty = automatic.
