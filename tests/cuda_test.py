@@ -296,8 +296,9 @@ def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
 
 
 class CudaFusedReduceScatterTest(parameterized.TestCase):
-  """ReduceScatter with remote C runs as one fused grid (JAX_DISTGEMM_RS_FUSED, read per call):
-  per-stage beta, C waits in the epilogue, completion counted by the grid itself."""
+  """ReduceScatter with remote C or push as one fused grid (JAX_DISTGEMM_RS_FUSED=1 or all,
+  read per call): per-stage beta, C waits in the epilogue, completion counted by the grid
+  itself.  The default is one launch per stage."""
 
   def tearDown(self):
     os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
@@ -329,17 +330,22 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     fused = ["fused stages=2" in line for line in tuned]
     self.assertEqual([mode == "all"] * len(tuned), fused, tuned)
 
-  def test_fused_by_default_where_stage_k_exceeds_2048(self):
+  @parameterized.parameters(None, "1")
+  def test_stage_launches_by_default_fused_on_request(self, mode):
     module = ffi_modules.module_for("cuda")
+    if mode is not None:
+      os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
-    m, k, n = 384, 4 * 2048 + 2 * 64, 512  # stage k = K/TP > 2048: remote C
+    m, k, n = 384 + 32 * (mode is None), 4 * 2048 + 2 * 64, 512  # stage k > 2048: remote C
     x, w, _ = test_util.random_inputs(21, (m, k), (k, n), jnp.bfloat16)
     ref = test_util.reference_np(x, w)
     with new_tuning_lines(module) as tuned:
       f, args = run_global(schedule, x, w)
       for rep in range(2):
         self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
-    self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
+    self.assertNotEmpty(tuned)
+    self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
+                     tuned)
 
   def test_back_to_back_calls_alternating_shapes(self):
     os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"

@@ -40,12 +40,12 @@ int RsPathFromEnv() {
   return kRsAuto;
 }
 
-// JAX_DISTGEMM_RS_FUSED=0|1|all (CallOptions::rs_fused); read per call, so that a benchmark
-// can compare the paths in one process.
+// JAX_DISTGEMM_RS_FUSED=0|1|all (CallOptions::rs_fused; unset: 0); read per call, so that a
+// benchmark can compare the paths in one process.
 int RsFusedFromEnv() {
-  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "0")) return kRsFusedOff;
+  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "1")) return kRsFusedOn;
   if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "all")) return kRsFusedAll;
-  return kRsFusedOn;
+  return kRsFusedOff;
 }
 
 bool SyncCheck() {

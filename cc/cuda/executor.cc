@@ -153,15 +153,26 @@ int NonEmptyChunks(int64_t extent, int want) {
   return n;
 }
 
-// Chunks the rotating shard travels in (JAX_DISTGEMM_AG_CHUNKS; default 1).  Measured on 2x
-// H200 (docs/performance.md, 2026-11-30): splitting stage i into per-chunk GEMMs cost more than
-// the earlier start gained on the suite shapes, so chunking is opt-in.
-int AgChunks(const Problem& p, const CallOptions& o) {
+// Chunks the rotating shard travels in (JAX_DISTGEMM_AG_CHUNKS overrides).  Stage launches
+// (`fused` false): 1; splitting stage i into per-chunk GEMMs cost more than the earlier start
+// gained (docs/performance.md, 2026-11-30).  Fused grid: 2 where the push is long against a
+// stage, so that tiles of the shard's first half need not wait for the second.  That ratio is
+// (shard bytes / 395 GB/s) / (stage flops / ~650 TFLOP/s) = ~1650 / (the stage's n for
+// RotatingA, m for RotatingB): 0.80 at AG 8192,4096,4096, 0.03 at the seed shape.  On 2x H200
+// two chunks read +0.7 to +1.4 points of efficiency at the three suite shapes with a ratio >=
+// 0.25 in two runs but -0.5 at one (4096,8192,8192) in the second, within run-to-run noise
+// (docs/performance.md, L4): the rule rests on the timeline (L3: CTAs idle 4-8 us for the
+// shard), not on a clear measured gain.
+int AgChunks(const Problem& p, const CallOptions& o, bool fused) {
   const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
   // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
-  if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched) || o.ag_chunks <= 1) return 1;
+  if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched)) return 1;
+  int asked = o.ag_chunks;
+  if (asked <= 0) asked = fused && 1650.0 / static_cast<double>(rot_a ? p.sn() : p.sm()) >= 0.25
+                              ? 2 : 1;
+  if (asked <= 1) return 1;
   const int64_t extent = rot_a ? p.xm : p.wn;
-  const int want = std::min(o.ag_chunks, kMaxChunks);
+  const int want = std::min(asked, kMaxChunks);
   // Keep chunks whole tiles (256 rows or columns) so the split costs no partial tiles, and
   // none empty (ChunkRange rounds chunk sizes up to 128).
   return NonEmptyChunks(extent, static_cast<int>(std::clamp<int64_t>(extent / 256, 1, want)));
@@ -272,7 +283,9 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   const int tp = p.tp;
   const void* shard = kRotA ? b.x : b.w;
   const size_t shard_bytes = (kRotA ? p.XElems() : p.WElems()) * ElemSize(p.in_type);
-  const int chunks = AgChunks(p, o);
+  const bool fused = o.fuse_stages && tp > 1 && tp <= kMaxFusedStages && p.batch == 1 &&
+                     CanFuse(p.in_type, p.out_type);
+  const int chunks = AgChunks(p, o, fused);
   const int64_t extent = kRotA ? p.xm : p.wn;  // split dimension of the shard
   const size_t isz = ElemSize(p.in_type);
 
@@ -308,8 +321,6 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       }
     }
   }
-  const bool fused = o.fuse_stages && tp > 1 && tp <= kMaxFusedStages && p.batch == 1 &&
-                     CanFuse(p.in_type, p.out_type);
   // How the main stream learns that the pushes (which read the caller's shard) are done: the
   // fused grid waits for kPushDoneFlag before it completes, or an event join at the end.
   const bool kernel_join = fused && o.ag_kernel_join;

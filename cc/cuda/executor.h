@@ -44,13 +44,14 @@ struct CallOptions {
   // (FusedStages::exit_wait_flag) instead of the main stream waiting on an event of the copy
   // stream.  JAX_DISTGEMM_AG_JOIN=event (read per call) restores the event.
   bool ag_kernel_join = true;
-  // ReduceScatter: kRemoteC and kPush as one grid (EnqueueRsFused, executor.cc) where a fused
-  // kernel is compiled for the types, TP <= 8 and the call has one batch; kCopyRing likewise
-  // (EnqueueRsCopyRingFused) where TP x chunks <= 8 and the chunks are equal.
-  // JAX_DISTGEMM_RS_FUSED=0 turns both off (one launch per stage or chunk); =all also takes
-  // fused remote C where the automatic path would be kCopyRing (stage k <= 2048).  Read per
-  // call.
-  int rs_fused = 1;
+  // ReduceScatter as one grid: JAX_DISTGEMM_RS_FUSED=1 runs kRemoteC and kPush as one grid
+  // (EnqueueRsFused, executor.cc) where a fused kernel is compiled for the types, TP <= 8 and
+  // the call has one batch, and kCopyRing likewise (EnqueueRsCopyRingFused) where TP x chunks
+  // <= 8 and the chunks are equal; =all also takes fused remote C where the automatic path
+  // would be kCopyRing (stage k <= 2048).  Default (unset or 0): one launch per stage or chunk,
+  // which was as fast or faster at most suite shapes in three runs on 2x H200
+  // (docs/performance.md, K7c, L1, L4).  Read per call.
+  int rs_fused = 0;
 };
 enum RsFused : int { kRsFusedOff = 0, kRsFusedOn = 1, kRsFusedAll = 2 };
 
