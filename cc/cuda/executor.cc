@@ -155,20 +155,21 @@ int NonEmptyChunks(int64_t extent, int want) {
 
 // Chunks the rotating shard travels in (JAX_DISTGEMM_AG_CHUNKS overrides).  Stage launches
 // (`fused` false): 1; splitting stage i into per-chunk GEMMs cost more than the earlier start
-// gained (docs/performance.md, 2026-11-30).  Fused grid: 2 where the push is long against a
-// stage, so that tiles of the shard's first half need not wait for the second.  That ratio is
-// (shard bytes / 395 GB/s) / (stage flops / ~650 TFLOP/s) = ~1650 / (the stage's n for
-// RotatingA, m for RotatingB): 0.80 at AG 8192,4096,4096, 0.03 at the seed shape.  On 2x H200
-// two chunks read +0.7 to +1.4 points of efficiency at the three suite shapes with a ratio >=
-// 0.25 in two runs but -0.5 at one (4096,8192,8192) in the second, within run-to-run noise
-// (docs/performance.md, L4): the rule rests on the timeline (L3: CTAs idle 4-8 us for the
-// shard), not on a clear measured gain.
+// gained (docs/performance.md, 2026-11-30).  Fused grid: 2 where the push lasts about as long
+// as stage 0, so that tiles of the shard's first half need not wait for the second.  The
+// nominal ratio is (shard bytes / 395 GB/s) / (stage flops / ~650 TFLOP/s) = ~1650 / (the
+// stage's n for RotatingA, m for RotatingB), and under the GEMM's load the copy ran ~35%
+// slower (performance.md, K7: the 32 MB shard of AG 8192,4096,4096 landed ~111 us in, not 85),
+// so CTAs wait for the shard from a nominal ratio of ~0.7 on: two chunks from 0.6.  Suite shapes: 0.80 at AG
+// 8192,4096,4096 (there CTAs idled 4-8 us for the shard, L3; two chunks read +0.8 and +1.2
+// points in two sweeps, L4), 0.40 at 4096,8192,8192 and 2048,8192,8192 (the shard lands before
+// stage 0 is half done; two chunks read -0.5 to +1.4, noise), 0.11 and 0.03 above.
 int AgChunks(const Problem& p, const CallOptions& o, bool fused) {
   const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
   // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
   if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched)) return 1;
   int asked = o.ag_chunks;
-  if (asked <= 0) asked = fused && 1650.0 / static_cast<double>(rot_a ? p.sn() : p.sm()) >= 0.25
+  if (asked <= 0) asked = fused && 1650.0 / static_cast<double>(rot_a ? p.sn() : p.sm()) >= 0.6
                               ? 2 : 1;
   if (asked <= 1) return 1;
   const int64_t extent = rot_a ? p.xm : p.wn;
