@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
       "ideal": "XLA dot of one device's share (AG-RotA x[M,K]@w[K,N/TP], AG-RotB "
                "x[M/TP,K]@w[K,N], RS x[M,K/TP]@w[K/TP,N]) on device 0, no communication",
       "efficiency": "ideal_ms / ms", "speedup": "best baseline ms / ms",
+      "efficiency_per_round": "median and quartiles over rounds of ideal / ours within the "
+                              "same round (less clock drift than the ratio of medians)",
   }
   print(f"jax_distgemm.bench: {len(cases)} case(s) on {args.tp} x {env['device_kind']} "
         f"({platform}); jax {env['jax']}; CUDA executor built: {env['cuda_executor_built']}")

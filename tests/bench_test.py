@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,6 +140,13 @@ class BenchEndToEndTest(absltest.TestCase):
       self.assertGreater(mesh["ms"], 0)
       self.assertEqual(c["ideal_all_devices_ms"], mesh["ms"])
       self.assertAlmostEqual(c["efficiency_all_devices"], mesh["ms"] / ours, places=9)
+      # Per round: the same rounds of the two rows, paired by index.
+      pr = c["efficiency_per_round"]
+      pairs = [a / b for a, b in zip(rows["ideal"]["ms_repeats"], rows["ffi"]["ms_repeats"])]
+      self.assertEqual(pr["rounds"], len(pairs))
+      self.assertAlmostEqual(pr["median"], statistics.median(pairs), places=9)
+      self.assertLessEqual(pr["q25"], pr["median"])
+      self.assertLessEqual(pr["median"], pr["q75"])
       for name, row in rows.items():
         self.assertAlmostEqual(row["efficiency"], ideal / row["ms"], places=9, msg=name)
         self.assertAlmostEqual(row["tflops_per_gpu"],
@@ -203,6 +211,19 @@ class BenchCliTest(absltest.TestCase):
 
 
 class BenchLibTest(absltest.TestCase):
+
+  def test_per_round_ratio(self):
+    # Rounds pair by index; a row that stopped early (a failure) pairs only its rounds.
+    r = bl.per_round_ratio([1.0, 2.0, 3.0, 9.0], [2.0, 2.0, 2.0])
+    self.assertEqual(r["rounds"], 3)
+    self.assertAlmostEqual(r["median"], 1.0)
+    self.assertAlmostEqual(r["q25"], 0.75)
+    self.assertAlmostEqual(r["q75"], 1.25)
+    # Drift that scales both rows alike leaves the per-round ratio exact.
+    r = bl.per_round_ratio([0.9, 1.0, 1.2], [1.0, 1.111111111111, 1.333333333333])
+    self.assertAlmostEqual(r["median"], 0.9, places=6)
+    self.assertAlmostEqual(r["q75"] - r["q25"], 0.0, places=6)
+    self.assertIsNone(bl.per_round_ratio([], [1.0]))
 
   def test_parse_case(self):
     self.assertEqual(bl.parse_case("RS-TilA:64,32,16"),

@@ -575,6 +575,21 @@ def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[st
         e.times.append(ms)
 
 
+def per_round_ratio(num: list[float], den: list[float]) -> dict | None:
+  """num[r] / den[r] over the rounds both rows completed, as median and quartiles.
+
+  time_interleaved appends one time per round to every live row, so index r is the same round:
+  the two repeats ran close in time, under similar clocks, and their ratio is spared most of
+  the drift between rounds that the ratio of the two medians carries.  None without a common
+  round.
+  """
+  n = min(len(num), len(den))
+  if n == 0:
+    return None
+  q25, med, q75 = np.percentile([a / b for a, b in zip(num[:n], den[:n])], [25, 50, 75])
+  return {"median": float(med), "q25": float(q25), "q75": float(q75), "rounds": n}
+
+
 def _timing_row(e: Timed) -> dict:
   if e.failure:
     return dict(e.failure)
@@ -840,6 +855,10 @@ def finalize_case(case: Case, rows: dict, data: dict, opts: Options) -> dict:
       "efficiency": ours.get("efficiency"),
       "efficiency_all_devices": (mesh_ms / ours["ms"]
                                  if mesh_ms and ours.get("status") == "ok" else None),
+      # ideal / ours per round (per_round_ratio): the same quantity with less clock drift.
+      "efficiency_per_round": (
+          per_round_ratio(rows["ideal"].get("ms_repeats") or [], ours.get("ms_repeats") or [])
+          if ideal_ms and ours.get("status") == "ok" else None),
       "speedup": ours.get("speedup_vs_best_baseline"),
       "best_baseline": best,
       "best_baseline_ms": best_ms,
@@ -1013,9 +1032,13 @@ def case_block(result: dict, index: int, total: int) -> str:
     lines.append(f"   tuned: {line}")
   status = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["failures"])
   best = result["best_baseline"]
+  pr = result.get("efficiency_per_round")
+  per_round = (f" (per round {pr['median']:.3f}, quartiles {pr['q25']:.3f}-{pr['q75']:.3f})"
+               if pr else "")
   lines.append(
       f"   -> ours {_fmt(result['ours_ms'], '.4f')} ms, efficiency "
-      f"{_fmt(result['efficiency'], '.2f')}, speedup {_fmt(result['speedup'], '.2f')} over "
+      f"{_fmt(result['efficiency'], '.2f')}{per_round}, "
+      f"speedup {_fmt(result['speedup'], '.2f')} over "
       f"{best or 'no baseline'}; eps {result['eps']:g}: {status}")
   return "\n".join(lines)
 
