@@ -27,7 +27,8 @@
 //     main stream : [s0 c0][s0 c1] [s1 c0: wait f(1,0)][s1 c1: wait f(1,1)] ...      <join>
 //     copy stream :        push s0 c0, f(1,0)=e  push s0 c1, f(1,1)=e  push s1 c0 ...
 //
-//             Fused (default where TP x chunks <= 8 and the chunks are equal): one grid runs
+//             Fused (JAX_DISTGEMM_RS_FUSED=1, where TP x chunks <= 8 and the chunks are
+//             equal; slower than the launches above in L4 of docs/performance.md): one grid runs
 //             every (stage, chunk) as a batch; it marks each chunk of its own stored, the copy
 //             stream waits for that mark (cuStreamWaitValue32), and stage i's epilogue waits
 //             for flag(i, c) before it loads C (EnqueueRsCopyRingFused).
