@@ -192,6 +192,23 @@ def new_tuning_lines(module):
   added.extend(line for line in module.describe_tuning().splitlines() if line not in before)
 
 
+def tuned_lines_of_three_calls(test, schedule, x, w, c=None, *, alpha=1.0, beta=0.0):
+  """Three calls (both parities of the slots and pointer tables; per-stage counters reset), each
+  free of NaN (tiles never written) and within 1e-2 of the reference.  Returns the tuning-table
+  lines the case added: the launches it tuned, which tell the path it took (fused launches
+  list their stages)."""
+  module = ffi_modules.module_for("cuda")
+  ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
+  with new_tuning_lines(module) as tuned:
+    f, args = run_global(schedule, x, w, c, alpha=alpha, beta=beta)
+    for rep in range(3):
+      out = f(*args)
+      test.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
+      test.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
+  test.assertNotEmpty(tuned)
+  return tuned
+
+
 class CudaFusedStagesTest(parameterized.TestCase):
   """AllGather runs all stages in one fused grid by default; the stage path stays available."""
 
@@ -214,15 +231,8 @@ class CudaFusedStagesTest(parameterized.TestCase):
     c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), jnp.bfloat16)
          if with_c else None)
     alpha, beta = (0.5, -0.75) if with_c else (1.0, 0.0)
-    ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
-    with new_tuning_lines(module) as tuned:
-      f, args = run_global(schedule, x, w, c, alpha=alpha, beta=beta)
-      for rep in range(3):  # both parities of the slots and of the fused pointer tables
-        out = f(*args)
-        self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
-        self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
     # The path taken shows in the tuning table: fused launches are tuned as such.
-    self.assertNotEmpty(tuned)
+    tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
     self.assertEqual([fused] * len(tuned), ["fused stages=2" in line for line in tuned], tuned)
 
   @parameterized.product(
@@ -233,7 +243,6 @@ class CudaFusedStagesTest(parameterized.TestCase):
     each tile of the fused grid waits only for the chunk it reads.  Chunks are whole 256s where
     they can be: 1024 rows or columns in 2 or 4; 640 in 2 of 384 and 256 either way, so that
     256-row tiles straddle the boundary."""
-    module = ffi_modules.module_for("cuda")
     os.environ["JAX_DISTGEMM_AG_CHUNKS"] = str(chunks)
     rot_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
     m, k, n = (extent * TP, 512, 768) if rot_a else (512, 512, extent * TP)
@@ -241,14 +250,8 @@ class CudaFusedStagesTest(parameterized.TestCase):
     k += 64 * (4 * (not rot_a) + 2 * (chunks == 4) + (extent == 640))
     x, w, _ = test_util.random_inputs(hash((schedule, chunks, extent)) % 2**31, (m, k), (k, n),
                                       jnp.bfloat16)
-    ref = test_util.reference_np(x, w)
     try:
-      with new_tuning_lines(module) as tuned:
-        f, args = run_global(schedule, x, w)
-        for rep in range(3):
-          out = f(*args)
-          self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten, {rep}")
-          self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
+      tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     finally:
       os.environ.pop("JAX_DISTGEMM_AG_CHUNKS", None)
     self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
@@ -269,6 +272,21 @@ class CudaFusedStagesTest(parameterized.TestCase):
         self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
     finally:
       os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
+
+
+def check_alternating_calls(test, shapes, seed):
+  """200 back-to-back ReduceScatter (TilingA) calls alternating two shapes, nothing blocking in
+  between (slots, flags and pointer tables cycle through both parities): the first two and the
+  last two match the reference."""
+  schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+  cases = []
+  for i, (m, k, n) in enumerate(shapes):
+    x, w, _ = test_util.random_inputs(seed + i, (m, k), (k, n), jnp.bfloat16)
+    f, args = run_global(schedule, x, w)
+    cases.append((f, args, test_util.reference_np(x, w)))
+  outs = [cases[i % 2][0](*cases[i % 2][1]) for i in range(200)]
+  for i in (0, 1, 198, 199):
+    test.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
 
 
 def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
@@ -310,7 +328,6 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
                 Schedule.ReduceScatter1D_TilingB_RotatingC],
       mode=["all", "0"], path=["remote_c", "push"], shape=["square", "ragged", "tall"])
   def test_fused_and_stage_paths_match_reference(self, schedule, mode, path, shape):
-    module = ffi_modules.module_for("cuda")
     os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # "all": fused even at small k
     os.environ["JAX_DISTGEMM_RS_PATH"] = path  # push: the epilogue stores into the peer's slot
     m, k, n = SHAPES[shape]
@@ -319,14 +336,7 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     m += 16 * TP * (variant + 8)  # a shape per case: each tunes (and so lists) its launches
     x, w, _ = test_util.random_inputs(hash((schedule, mode, path, shape)) % 2**31, (m, k),
                                       (k, n), jnp.bfloat16)
-    ref = test_util.reference_np(x, w)
-    with new_tuning_lines(module) as tuned:
-      f, args = run_global(schedule, x, w)
-      for rep in range(3):  # both parities of the slots and pointer tables; counters reset
-        out = f(*args)
-        self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
-        self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
-    self.assertNotEmpty(tuned)
+    tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     fused = ["fused stages=2" in line for line in tuned]
     self.assertEqual([mode == "all"] * len(tuned), fused, tuned)
 
@@ -349,15 +359,7 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
 
   def test_back_to_back_calls_alternating_shapes(self):
     os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"
-    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
-    cases = []
-    for i, (m, k, n) in enumerate([(768, 512, 1024), (512, 1024, 384)]):
-      x, w, _ = test_util.random_inputs(30 + i, (m, k), (k, n), jnp.bfloat16)
-      f, args = run_global(schedule, x, w)
-      cases.append((f, args, test_util.reference_np(x, w)))
-    outs = [cases[i % 2][0](*cases[i % 2][1]) for i in range(200)]
-    for i in (0, 1, 198, 199):
-      self.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
+    check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=30)
 
   @parameterized.parameters("remote_c", "push")
   def test_missing_peer_signal_times_out_and_recovers(self, path):
@@ -386,7 +388,6 @@ class CudaCopyRingTest(parameterized.TestCase):
                 Schedule.ReduceScatter1D_TilingB_RotatingC],
       mode=["1", "0"], chunks=[1, 2, 4], rows=["even", "uneven"])
   def test_fused_and_chunk_launches_match_reference(self, schedule, mode, chunks, rows):
-    module = ffi_modules.module_for("cuda")
     os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     os.environ["JAX_DISTGEMM_RS_CHUNKS"] = str(chunks)
     sm, batches = self.ROWS[rows]
@@ -399,14 +400,7 @@ class CudaCopyRingTest(parameterized.TestCase):
     n = 512 + 32 * variant
     x, w, _ = test_util.random_inputs(hash((schedule, mode, chunks, rows)) % 2**31, (m, k),
                                       (k, n), jnp.bfloat16)
-    ref = test_util.reference_np(x, w)
-    with new_tuning_lines(module) as tuned:
-      f, args = run_global(schedule, x, w)
-      for rep in range(3):  # both parities of the slots and pointer tables; counters reset
-        out = f(*args)
-        self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
-        self.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
-    self.assertNotEmpty(tuned)
+    tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     per_stage = batches[chunks] if mode == "1" else None
     want = [f"fused stages={TP * per_stage}" if per_stage else None] * len(tuned)
     got = [line[line.index("fused"):].split(":")[0] if "fused" in line else None
@@ -416,15 +410,7 @@ class CudaCopyRingTest(parameterized.TestCase):
   @parameterized.parameters("1", "0")
   def test_back_to_back_calls_alternating_shapes(self, mode):
     os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
-    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
-    cases = []
-    for i, (m, k, n) in enumerate([(1024, 512, 1024), (512, 1024, 384)]):  # equal chunks
-      x, w, _ = test_util.random_inputs(50 + i, (m, k), (k, n), jnp.bfloat16)
-      f, args = run_global(schedule, x, w)
-      cases.append((f, args, test_util.reference_np(x, w)))
-    outs = [cases[i % 2][0](*cases[i % 2][1]) for i in range(200)]
-    for i in (0, 1, 198, 199):
-      self.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
+    check_alternating_calls(self, [(1024, 512, 1024), (512, 1024, 384)], seed=50)  # equal chunks
 
   @parameterized.parameters("1", "0")
   def test_missing_peer_push_times_out_and_recovers(self, mode):

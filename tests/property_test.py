@@ -21,7 +21,6 @@ from hypothesis import example, given, HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402

@@ -23,7 +23,6 @@ except RuntimeError:
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jax_distgemm import Schedule  # noqa: E402
 

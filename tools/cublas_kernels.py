@@ -71,8 +71,9 @@ def main(argv=None):
     tb = torch.randn(k, n, device="cuda:0", dtype=torch.bfloat16)
     torch.matmul(ta, tb)
     torch.cuda.synchronize()
-    for who, fn in (("xla", lambda: f(a, b).block_until_ready()),
-                    ("torch", lambda: (torch.matmul(ta, tb), torch.cuda.synchronize()))):
+    for who, fn in (("xla", lambda a=a, b=b: f(a, b).block_until_ready()),
+                    ("torch", lambda ta=ta, tb=tb: (torch.matmul(ta, tb),
+                                                    torch.cuda.synchronize()))):
       with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
         for _ in range(args.calls):
           fn()

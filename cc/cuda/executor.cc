@@ -405,21 +405,37 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   return "";
 }
 
-// ReduceScatter, kCopyRing (diagram at the top).  Stage i, chunk c (rows [lo, hi) of the
-// partial): D = my send slot i (out at the last stage), C = my receive slot i (i > 0, after
-// flag(i, c)); then the copy engine pushes those rows into the right neighbour's receive slot
-// i+1 and sets its flag(i+1, c).  SMs only touch local memory.
-//
-// NOTE: why the slots need no more than epoch parity.  Within a call every slot is written once:
-// send slot i by my stage i (read only by my copy engine, after an event on that chunk's GEMM),
-// receive slot i by my left neighbour's copy engine (read only by my stage i, after the flag).
-// Across calls: my send slots of parity e%2 were last read by my copies of call e-2, which
-// the main stream joined before call e-2 returned.  My receive slots of parity e%2 are written
-// in call e by the left neighbour's copy engine only after its call e GEMM of that chunk, i.e.
-// after it finished call e-1, whose last stage waited (through the ring: left-left's stage
-// TP-2, ..., right's stage 1) on my stage 0 of call e-1, which ran after I finished call e-2,
-// the last reader of those slots.  And a flag >= e cannot be satisfied early by call e+1: that
-// write follows the same chunk's call e copy on the same copy stream.
+// Records the operands now in g.ops as batch s of a fused ReduceScatter grid (EnqueueRsFused,
+// EnqueueRsCopyRingFused): C `c` with beta 1, or (c == nullptr, the schedule's stage 0: no
+// running sum yet) beta 0, where CUTLASS skips the load but the address must still be valid,
+// so D's.  False when the batch's pitches differ from batch 0's (`first`, set at s == 0).
+// NOTE: one set of leading dims for all batches (FusedStageGemm); slot and out rows are sn wide
+// for both tilings, so they agree; checked anyway.
+bool AddRsBatch(GemmLaunch& g, int s, const void* c, const MatrixView& pv, GemmOperands* first) {
+  if (s == 0) *first = g.ops;
+  if (g.ops.lda != first->lda || g.ops.ldb != first->ldb || g.ops.ldd != first->ldd ||
+      pv.ld != g.ops.ldd) {
+    return false;
+  }
+  FusedStages& f = g.fused;
+  f.a[s] = g.ops.a;
+  f.b[s] = g.ops.b;
+  f.d[s] = g.ops.d;
+  f.c[s] = c != nullptr ? c : g.ops.d;
+  f.beta[s] = c != nullptr ? 1.f : 0.f;
+  return true;
+}
+
+// After the last AddRsBatch: the launch-wide C operand (selects the kernel with C; the batches'
+// own C pointers and betas are in the table) and the waits' epoch.
+void FinishRsBatches(GemmLaunch& g, const MatrixView& pv, uint32_t epoch) {
+  g.ops.c = g.fused.c[0];
+  g.ops.ldc = pv.ld;
+  g.ops.batch_stride_c = 0;
+  g.ops.beta = 1.f;  // unused: per-batch beta
+  g.sync.wait_epoch = epoch;
+}
+
 // Whether a kCopyRing call runs as one fused grid (EnqueueRsCopyRingFused): every (stage,
 // chunk) is a batch of one ptr-array GEMM, so the chunks must have equal rows and the batches
 // fit the pointer table.
@@ -467,7 +483,7 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
   f.table = FusedTable(me, epoch);
   f.stage_beta = true;
   f.counters = StageCounters(me);
-  int64_t lda = -1, ldb = -1, ldd = -1;
+  GemmOperands first;
   for (int i = 0; i < tp; ++i) {
     const int tile = Sched::OutputTile(rank, i, tp);
     const bool last = i == tp - 1;
@@ -486,18 +502,9 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
       } else {
         SetD(g.ops, send + lo * pv.ld * osz, pv);
       }
-      // NOTE: one set of leading dims for all batches (FusedStageGemm), as EnqueueRsFused.
-      if (s == 0) {
-        lda = g.ops.lda, ldb = g.ops.ldb, ldd = g.ops.ldd;
-      } else if (g.ops.lda != lda || g.ops.ldb != ldb || g.ops.ldd != ldd || pv.ld != ldd) {
+      if (!AddRsBatch(g, s, i == 0 ? nullptr : recv + lo * pv.ld * osz, pv, &first)) {
         return "fused copy ring: stage views differ in pitch";
       }
-      f.a[s] = g.ops.a;
-      f.b[s] = g.ops.b;
-      f.d[s] = g.ops.d;
-      // Stage 0's C is never read (beta 0) but must be a valid address.
-      f.c[s] = i == 0 ? g.ops.d : recv + lo * pv.ld * osz;
-      f.beta[s] = i == 0 ? 0.f : 1.f;
       if (i > 0) {
         f.c_wait_flag[s] = me.flags + FlagIndex(i, c);
         f.peer[s] = Sched::Source(rank, i, tp);
@@ -505,11 +512,7 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
       if (!last) f.done_flag[s] = me.flags + LocalDoneFlag(i, c);
     }
   }
-  g.ops.c = f.c[0];  // selects the kernel with a C operand
-  g.ops.ldc = pv.ld;
-  g.ops.batch_stride_c = 0;
-  g.ops.beta = 1.f;  // unused: per-batch beta
-  g.sync.wait_epoch = epoch;
+  FinishRsBatches(g, pv, epoch);
   // The copy stream starts after what precedes the call on the main stream (fork), as the
   // other paths' copies do.
   if (cudaEventRecord(me.fork, stream) != cudaSuccess ||
@@ -540,6 +543,21 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
   return "";
 }
 
+// ReduceScatter, kCopyRing (diagram at the top).  Stage i, chunk c (rows [lo, hi) of the
+// partial): D = my send slot i (out at the last stage), C = my receive slot i (i > 0, after
+// flag(i, c)); then the copy engine pushes those rows into the right neighbour's receive slot
+// i+1 and sets its flag(i+1, c).  SMs only touch local memory.
+//
+// NOTE: why the slots need no more than epoch parity.  Within a call every slot is written once:
+// send slot i by my stage i (read only by my copy engine, after an event on that chunk's GEMM),
+// receive slot i by my left neighbour's copy engine (read only by my stage i, after the flag).
+// Across calls: my send slots of parity e%2 were last read by my copies of call e-2, which
+// the main stream joined before call e-2 returned.  My receive slots of parity e%2 are written
+// in call e by the left neighbour's copy engine only after its call e GEMM of that chunk, i.e.
+// after it finished call e-1, whose last stage waited (through the ring: left-left's stage
+// TP-2, ..., right's stage 1) on my stage 0 of call e-1, which ran after I finished call e-2,
+// the last reader of those slots.  And a flag >= e cannot be satisfied early by call e+1: that
+// write follows the same chunk's call e copy on the same copy stream.
 template <class Sched>
 std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
                               const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
@@ -654,35 +672,21 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
   f.table = FusedTable(me, epoch);
   f.stage_beta = true;
   f.counters = StageCounters(me);
-  int64_t lda = -1, ldb = -1, ldd = -1;
+  GemmOperands first;
   for (int i = 0; i < tp; ++i) {
     const bool last = i == tp - 1;
     SetRsStageOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), last,
                        last ? nullptr : Slot(store_to, p, epoch, i));
-    // NOTE: one set of leading dims for all stages (FusedStageGemm); the views agree for both
-    // TilingA and TilingB (slot and out rows are sn wide), checked here anyway.
-    if (i == 0) {
-      lda = g.ops.lda, ldb = g.ops.ldb, ldd = g.ops.ldd;
-    } else if (g.ops.lda != lda || g.ops.ldb != ldb || g.ops.ldd != ldd || pv.ld != ldd) {
+    if (!AddRsBatch(g, i, i == 0 ? nullptr : Slot(load_from, p, epoch, i - 1), pv, &first)) {
       return "fused ReduceScatter: stage views differ in pitch";
     }
-    f.a[i] = g.ops.a;
-    f.b[i] = g.ops.b;
-    f.d[i] = g.ops.d;
-    // Stage 0's C is never read (beta 0: CUTLASS skips the load) but must be a valid address.
-    f.c[i] = i == 0 ? g.ops.d : Slot(load_from, p, epoch, i - 1);
-    f.beta[i] = i == 0 ? 0.f : 1.f;
     if (i > 0) {
       f.c_wait_flag[i] = me.flags + FlagIndex(i, 0);
       f.peer[i] = Sched::Source(rank, i, tp);
     }
     if (!last && !o.skip_signals) f.done_flag[i] = next.flags + FlagIndex(i + 1, 0);
   }
-  g.ops.c = f.c[0];  // selects the kernel with a C operand
-  g.ops.ldc = pv.ld;
-  g.ops.batch_stride_c = 0;
-  g.ops.beta = 1.f;  // unused: per-stage beta
-  g.sync.wait_epoch = epoch;
+  FinishRsBatches(g, pv, epoch);
   return Launch(g, stream, epoch, 0, 0);
 }
 

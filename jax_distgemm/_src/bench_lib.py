@@ -710,7 +710,7 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
         extra["rel_err"] = 0.0
       rows[name] = {"status": "pending", **extra}
       entries.append(Timed(name, call, sets))
-  del ref_out
+    ref_out = None  # the seed shape's output is GiBs per device: not kept while timing
 
   ideal_sets = None
   if "ideal" in want:

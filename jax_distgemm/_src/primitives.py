@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp

@@ -8,7 +8,6 @@ next shard's ppermute is issued before this stage's dot so XLA may overlap them.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
