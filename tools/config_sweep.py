@@ -53,13 +53,6 @@ class EnvTimed(bench_lib.Timed):
     super().run(count, max_in_flight)
 
 
-def _case_arg(text: str) -> bench_lib.Case:
-  try:
-    return bench_lib.parse_case(text)
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(str(e)) from e
-
-
 def variants(args, *, fused_kernel: bool, reduce_scatter: bool) -> list[tuple[str, dict]]:
   """(row name, environment) of every variant timed for one case.  `fused_kernel`: the call
   runs the fused grid, so only fused configs can be forced; `reduce_scatter`: add the
@@ -143,7 +136,8 @@ def sweep_local_case(case, index, devices, opts, args, log):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--cases", nargs="+", required=True, type=_case_arg, metavar="SCHEDULE:M,K,N",
+  ap.add_argument("--cases", nargs="+", required=True, type=bench_lib.case_arg,
+                  metavar="SCHEDULE:M,K,N",
                   help="global shape")
   ap.add_argument("--swizzles", default="1,4")
   ap.add_argument("--tune-modes", default="sustained,coarse",
@@ -171,7 +165,7 @@ def main(argv=None):
   t0 = time.time()
   log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
   results = []
-  for i, case in enumerate(args.cases):
+  for i, case in enumerate(bench_lib.parse_case(text) for text in args.cases):
     sweep = sweep_local_case if args.local else sweep_case
     results.append(sweep(case, i, devices, opts, args, log))
     rows = results[-1]["rows"]

@@ -123,9 +123,9 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                       p.has_c ? c.untyped_data() : nullptr, out->untyped_data()};
   CallOptions options;
   options.timeout_ms = timeout_ms;
-  const bool faulty = device_ordinal == g_fault_device.load();
-  options.skip_signals = faulty && g_fault_kind.load() == 0;
-  options.skip_push_done = faulty && g_fault_kind.load() == 1;
+  const int fault_kind = device_ordinal == g_fault_device.load() ? g_fault_kind.load() : -1;
+  options.skip_signals = fault_kind == 0;
+  options.skip_push_done = fault_kind == 1;
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
   const int rs_path = RsPathFromEnv();  // read per call, as JAX_DISTGEMM_RS_FUSED
   const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");  // read per call

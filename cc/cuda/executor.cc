@@ -436,6 +436,35 @@ void FinishRsBatches(GemmLaunch& g, const MatrixView& pv, uint32_t epoch) {
   g.sync.wait_epoch = epoch;
 }
 
+// kCopyRing, stage i chunk c (rows [lo, hi) of the running sum): m and A, B, D of its GEMM;
+// D = `send` rows (out rows at the last stage, `send` == nullptr).  C and the waits are the
+// caller's (launch per chunk, or a batch of the fused grid).
+void SetCopyRingChunkOperands(GemmOperands& o, const Problem& p, const CallBuffers& b, int tile,
+                              uint8_t* send, int64_t lo, int64_t hi) {
+  const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
+  const MatrixView pv = p.PartialView();
+  o.m = hi - lo;
+  SetA(o, At(b.x, av.offset + lo * av.ld, p.in_type), av);
+  SetB(o, At(b.w, bv.offset, p.in_type), bv);
+  if (send == nullptr) {
+    SetD(o, At(b.out, ov.offset + lo * ov.ld, p.out_type), ov);
+  } else {
+    SetD(o, send + lo * pv.ld * ElemSize(p.out_type), pv);
+  }
+}
+
+// kCopyRing: after my stage i's GEMM of rows [lo, hi) (stream order on `copy`), push them from
+// my send slot into `next`'s receive slot i+1 and set its flag(i+1, c).
+cudaError_t PushCopyRingChunk(const Problem& p, DeviceState& me, DeviceState& next,
+                              uint32_t epoch, int i, int c, int64_t lo, int64_t hi) {
+  cudaError_t e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)),
+                                  Slot(me, p, epoch, RsSendSlot(i)), lo, hi, me.copy_stream);
+  if (e == cudaSuccess) {
+    e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(i + 1, c), epoch);
+  }
+  return e;
+}
+
 // Whether a kCopyRing call runs as one fused grid (EnqueueRsCopyRingFused): every (stage,
 // chunk) is a batch of one ptr-array GEMM, so the chunks must have equal rows and the batches
 // fit the pointer table.
@@ -485,23 +514,14 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
   f.counters = StageCounters(me);
   GemmOperands first;
   for (int i = 0; i < tp; ++i) {
-    const int tile = Sched::OutputTile(rank, i, tp);
     const bool last = i == tp - 1;
-    const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
     uint8_t* send = last ? nullptr : Slot(me, p, epoch, RsSendSlot(i));
     const uint8_t* recv = i == 0 ? nullptr : Slot(me, p, epoch, RsRecvSlot(p, i));
     for (int c = 0; c < chunks; ++c) {
       const int s = i * chunks + c;
       int64_t lo, hi;
       ChunkRange(rows, chunks, c, &lo, &hi);
-      g.ops.m = hi - lo;
-      SetA(g.ops, At(b.x, av.offset + lo * av.ld, p.in_type), av);
-      SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
-      if (last) {
-        SetD(g.ops, At(b.out, ov.offset + lo * ov.ld, p.out_type), ov);
-      } else {
-        SetD(g.ops, send + lo * pv.ld * osz, pv);
-      }
+      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), send, lo, hi);
       if (!AddRsBatch(g, s, i == 0 ? nullptr : recv + lo * pv.ld * osz, pv, &first)) {
         return "fused copy ring: stage views differ in pitch";
       }
@@ -521,18 +541,11 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
   }
   if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
   for (int i = 0; i + 1 < tp && !o.skip_signals; ++i) {
-    const uint8_t* send = Slot(me, p, epoch, RsSendSlot(i));
     for (int c = 0; c < chunks; ++c) {
       int64_t lo, hi;
       ChunkRange(rows, chunks, c, &lo, &hi);
       cudaError_t e = StreamWaitValue32(me.copy_stream, me.flags + LocalDoneFlag(i, c), epoch);
-      if (e == cudaSuccess) {
-        e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)), send, lo, hi,
-                            me.copy_stream);
-      }
-      if (e == cudaSuccess) {
-        e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(i + 1, c), epoch);
-      }
+      if (e == cudaSuccess) e = PushCopyRingChunk(p, me, next, epoch, i, c, lo, hi);
       if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
     }
   }
@@ -572,23 +585,14 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
     return EnqueueRsCopyRingFused<Sched>(p, rank, group, b, o, stream, epoch, chunks);
   }
   for (int i = 0; i < tp; ++i) {
-    const int tile = Sched::OutputTile(rank, i, tp);
     const bool last = i == tp - 1;
-    const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
     uint8_t* send = last ? nullptr : Slot(me, p, epoch, RsSendSlot(i));
     const uint8_t* recv = i == 0 ? nullptr : Slot(me, p, epoch, RsRecvSlot(p, i));
     for (int c = 0; c < chunks; ++c) {
       int64_t lo = 0, hi = rows;
       if (chunks > 1) ChunkRange(rows, chunks, c, &lo, &hi);
       GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-      g.ops.m = hi - lo;
-      SetA(g.ops, At(b.x, av.offset + lo * av.ld, p.in_type), av);
-      SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
-      if (last) {
-        SetD(g.ops, At(b.out, ov.offset + lo * ov.ld, p.out_type), ov);
-      } else {
-        SetD(g.ops, send + lo * pv.ld * osz, pv);
-      }
+      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), send, lo, hi);
       if (i > 0) {
         // The left neighbour's running sum, pushed here.
         SetC(g.ops, recv + lo * pv.ld * osz, pv, 1.f);
@@ -605,12 +609,9 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
           cudaStreamWaitEvent(me.copy_stream, me.stage_done, 0) != cudaSuccess) {
         return CudaFailure("fork copy stream");
       }
-      cudaError_t e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)), send, lo,
-                                      hi, me.copy_stream);
-      if (e == cudaSuccess) {
-        e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(i + 1, c), epoch);
+      if (cudaError_t e = PushCopyRingChunk(p, me, next, epoch, i, c, lo, hi); e != cudaSuccess) {
+        return std::string("push to peer: ") + cudaGetErrorString(e);
       }
-      if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
     }
   }
   // Our pushes read only workspace slots (parity keeps the next call off them), but join

@@ -199,41 +199,41 @@ std::vector<PeerGroup*> AllPeerGroups() {
   return out;
 }
 
-cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t value) {
-  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-  static Fn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      p = nullptr;
-    }
-    return reinterpret_cast<Fn>(p);
-  }();
+namespace {
+
+// cuStreamWriteValue32 and cuStreamWaitValue32 share this signature.  Both come through the
+// driver entry point (no link-time dependency on libcuda); nullptr where the driver lacks one.
+using StreamValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+StreamValue32Fn DriverStreamValue32(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<StreamValue32Fn>(p);
+}
+
+cudaError_t CallStreamValue32(StreamValue32Fn fn, cudaStream_t stream, const uint32_t* address,
+                              uint32_t value, unsigned int flags) {
   if (fn == nullptr) return cudaErrorNotSupported;
-  // Default flags: a system-scope fence orders prior work on the stream before the write.
   CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
-                  value, CU_STREAM_WRITE_VALUE_DEFAULT);
+                  value, flags);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown;
 }
 
+}  // namespace
+
+cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t value) {
+  static const StreamValue32Fn fn = DriverStreamValue32("cuStreamWriteValue32");
+  // Default flags: a system-scope fence orders prior work on the stream before the write.
+  return CallStreamValue32(fn, stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+}
+
 cudaError_t StreamWaitValue32(cudaStream_t stream, const uint32_t* address, uint32_t value) {
-  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-  static Fn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      p = nullptr;
-    }
-    return reinterpret_cast<Fn>(p);
-  }();
-  if (fn == nullptr) return cudaErrorNotSupported;
-  CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
-                  value, CU_STREAM_WAIT_VALUE_GEQ);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+  static const StreamValue32Fn fn = DriverStreamValue32("cuStreamWaitValue32");
+  return CallStreamValue32(fn, stream, address, value, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
 }  // namespace jax_distgemm::cuda
