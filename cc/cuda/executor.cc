@@ -405,6 +405,20 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   return "";
 }
 
+// The launch of a fused ReduceScatter grid (EnqueueRsFused, EnqueueRsCopyRingFused): `chunks`
+// batches per stage, per-batch beta, this device's pointer table and completion counters.
+GemmLaunch RsFusedLaunch(const Problem& p, DeviceState& me, const CallOptions& o,
+                         ErrorRecord* error, int rank, uint32_t epoch, int chunks) {
+  GemmLaunch g = BaseLaunch(p, me, o, error, rank);
+  FusedStages& f = g.fused;
+  f.count = p.tp * chunks;
+  f.chunks = chunks;
+  f.table = FusedTable(me, epoch);
+  f.stage_beta = true;
+  f.counters = StageCounters(me);
+  return g;
+}
+
 // Records the operands now in g.ops as batch s of a fused ReduceScatter grid (EnqueueRsFused,
 // EnqueueRsCopyRingFused): C `c` with beta 1, or (c == nullptr, the schedule's stage 0: no
 // running sum yet) beta 0, where CUTLASS skips the load but the address must still be valid,
@@ -505,13 +519,8 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
   const MatrixView pv = p.PartialView();
   const size_t osz = ElemSize(p.out_type);
   const int64_t rows = p.sm();
-  GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+  GemmLaunch g = RsFusedLaunch(p, me, o, group.error(), rank, epoch, chunks);
   FusedStages& f = g.fused;
-  f.count = tp * chunks;
-  f.chunks = chunks;
-  f.table = FusedTable(me, epoch);
-  f.stage_beta = true;
-  f.counters = StageCounters(me);
   GemmOperands first;
   for (int i = 0; i < tp; ++i) {
     const bool last = i == tp - 1;
@@ -667,12 +676,8 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
   DeviceState& store_to = push ? next : me;     // where running sum i lives
   DeviceState& load_from = push ? me : prev;
   const MatrixView pv = p.PartialView();
-  GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+  GemmLaunch g = RsFusedLaunch(p, me, o, group.error(), rank, epoch, /*chunks=*/1);
   FusedStages& f = g.fused;
-  f.count = tp;
-  f.table = FusedTable(me, epoch);
-  f.stage_beta = true;
-  f.counters = StageCounters(me);
   GemmOperands first;
   for (int i = 0; i < tp; ++i) {
     const bool last = i == tp - 1;
