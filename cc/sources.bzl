@@ -39,6 +39,7 @@ MODULE_HDRS = [
 # CUDA executor (built when nvcc is found; sm_90a).
 CUDA_HOST_SRCS = [
     "cuda/autotune.cc",
+    "cuda/copy_stream.cc",
     "cuda/distgemm_cuda.cc",
     "cuda/executor.cc",
     "cuda/gemm_registry.cc",
@@ -66,6 +67,7 @@ CUDA_KERNEL_SRCS = [
 CUDA_HDRS = [
     "cuda/autotune.h",
     "cuda/combine_kernels.h",
+    "cuda/copy_stream.h",
     "cuda/cuda_check.h",
     "cuda/distgemm_cuda.h",
     "cuda/executor.h",

@@ -31,6 +31,7 @@ import sys
 import time
 
 from jax_distgemm._src import bench_lib as bl
+from jax_distgemm._src import runtime
 
 
 def _positive_int(s: str) -> int:
@@ -261,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
   print()
   print(bl.summary_table(results))
   passed = all(r["passed"] for r in results)
+  meta["copy_streams"] = runtime.copy_stream_reports()
+  for c in meta["copy_streams"]:
+    print(f"copy stream of GPU {c['ordinal']}: {c['candidates']} candidate(s), independent of "
+          f"XLA's compute stream: {c['independent']}{' (' + c['note'] + ')' if c['note'] else ''}")
   if args.json:
     _write_json(args.json, {"meta": meta, "cases": results, "complete": True,
                             "passed": passed})

@@ -110,6 +110,23 @@ class CudaCorrectnessTest(parameterized.TestCase):
       self.assertEqual(counts["all-gather"] + counts["reduce-scatter"], 0, schedule.name)
 
 
+class CudaCopyStreamTest(absltest.TestCase):
+  """Each device's copy stream sits on a hardware queue apart from XLA's compute stream
+  (cc/cuda/copy_stream.h): a wait blocked on it does not hold up the compute stream."""
+
+  def test_copy_stream_is_independent_of_the_compute_stream(self):
+    x, w, _ = test_util.random_inputs(3, (256, 512), (512, 256), jnp.bfloat16)
+    f, args = run_global(Schedule.AllGather1D_TilingCD_RotatingA, x, w)
+    self.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
+    reports = ffi_modules.module_for("cuda").copy_stream_reports()
+    ordinals = {d.local_hardware_id for d in GPUS[:TP]}
+    mine = [r for r in reports if r[0] in ordinals]
+    self.assertEqual(ordinals, {r[0] for r in mine}, reports)
+    for ordinal, candidates, independent, note in mine:
+      self.assertEqual((independent, note), (1, ""), f"device {ordinal}: {reports}")
+      self.assertBetween(candidates, 1, 32)
+
+
 class CudaStressTest(parameterized.TestCase):
 
   @parameterized.parameters(Schedule.AllGather1D_TilingCD_RotatingA,

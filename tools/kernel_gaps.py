@@ -228,9 +228,15 @@ def main(argv=None):
                 f"p90 {s['p90_gap_us']:.1f} / max {s['max_gap_us']:.1f} us, "
                 f"{s['gaps_over_20us']} over 20 us | {tops}")
       sys.stdout.flush()
+    cuda = ffi_modules.module_for("cuda")
+    reports = getattr(cuda, "copy_stream_reports", lambda: [])()
     results.append({"case": case.label, "calls": args.calls, "rows": case_rows,
-                    "tuning": ffi_modules.module_for("cuda").describe_tuning().splitlines()})
+                    "tuning": cuda.describe_tuning().splitlines(),
+                    # (ordinal, candidates, independent, note): cc/cuda/copy_stream.h
+                    "copy_streams": [list(r) for r in reports]})
     print("\n".join(f"    tuned: {t}" for t in results[-1]["tuning"]))
+    print("\n".join(f"    copy stream: device {o}, {n} candidate(s), independent {i}"
+                    f"{', ' + note if note else ''}" for o, n, i, note in reports))
     del sets, rows
     jax.clear_caches()
   if args.json:

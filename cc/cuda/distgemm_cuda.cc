@@ -202,6 +202,19 @@ std::string PendingErrors() {
   return "";
 }
 
+std::vector<std::tuple<int, int, int, std::string>> CopyStreamReports() {
+  std::vector<std::tuple<int, int, int, std::string>> out;
+  for (PeerGroup* g : AllPeerGroups()) {
+    for (int r = 0; r < g->tp(); ++r) {
+      const DeviceState& d = g->dev(r);
+      if (d.ordinal < 0 || d.copy_stream == nullptr) continue;
+      const CopyStreamReport& c = d.copy_stream_report;
+      out.emplace_back(d.ordinal, c.candidates, c.independent, c.note);
+    }
+  }
+  return out;
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     DistGemmCuda, DistGemmCudaImpl,
     ffi::Ffi::Bind()

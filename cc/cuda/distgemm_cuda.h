@@ -2,6 +2,8 @@
 #pragma once
 
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "xla/ffi/api/api.h"
 
@@ -18,5 +20,8 @@ void SetSyncCheck(bool on);            // synchronize after each call to report 
 void SetFuseStages(bool on);           // AllGather: one fused grid per call (CallOptions)
 std::string ResetAll();                // drain, zero flags and epochs, clear sticky errors
 std::string PendingErrors();           // "" or the sticky error of any group
+// (ordinal, candidates, independent, note) of every initialized local device of every group:
+// how its copy stream was chosen (copy_stream.h).  No call may be in flight.
+std::vector<std::tuple<int, int, int, std::string>> CopyStreamReports();
 
 }  // namespace jax_distgemm::cuda

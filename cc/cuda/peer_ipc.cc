@@ -69,7 +69,7 @@ std::string PeerGroup::EnsureReadyCrossProcess(int rank, size_t bytes, bool need
   const auto timeout =
       std::chrono::milliseconds(std::max(timeout_ms, kCrossProcessSetupTimeoutMs));
   if (need_init) {
-    if (std::string err = InitDevice(rank); !err.empty()) return err;
+    if (std::string err = InitDevice(rank, stream); !err.empty()) return err;
   }
   JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
   JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));

@@ -29,7 +29,7 @@ PeerGroup::PeerGroup(std::vector<int64_t> ids, std::vector<int> ordinals)
 
 PeerGroup::~PeerGroup() = default;  // process-lifetime: the driver reclaims at exit
 
-std::string PeerGroup::InitDevice(int rank) {
+std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   DeviceState& d = devs_[rank];
   JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
   {
@@ -64,7 +64,11 @@ std::string PeerGroup::InitDevice(int rank) {
   }
   JDG_RETURN_IF_CUDA_ERROR(
       cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.ordinal));
-  JDG_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
+  if (std::string err = CreateCopyStream(stream, CopyStreamProbeEnabled(), &d.copy_stream,
+                                         &d.copy_stream_report);
+      !err.empty()) {
+    return err;
+  }
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.stage_done, cudaEventDisableTiming));
@@ -98,7 +102,7 @@ std::string PeerGroup::EnsureReady(int rank, size_t bytes, cudaStream_t stream, 
   std::shared_ptr<Session> session = JoinSession(key.str(), tp());
   const auto timeout = std::chrono::milliseconds(timeout_ms);
   if (need_init) {
-    if (std::string err = InitDevice(rank); !err.empty()) return err;
+    if (std::string err = InitDevice(rank, stream); !err.empty()) return err;
   }
   JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
   JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/cuda/copy_stream.h"
 #include "cc/cuda/stage_sync.h"
 
 namespace jax_distgemm::cuda {
@@ -53,7 +54,8 @@ struct DeviceState {
   int ordinal = -1;  // local CUDA ordinal; -1: a member in another process (IPC-mapped)
   int64_t id = -1;   // global device id
   int sm_count = 0;
-  cudaStream_t copy_stream = nullptr;  // AllGather pushes (copy engine)
+  cudaStream_t copy_stream = nullptr;  // pushes (copy engine), on a hardware queue of its own
+  CopyStreamReport copy_stream_report;  // how copy_stream was chosen (copy_stream.h)
   cudaEvent_t fork = nullptr, join = nullptr;
   cudaEvent_t stage_done = nullptr;  // ReduceScatter copy path: the partial to send is ready
   uint8_t* workspace = nullptr;
@@ -98,7 +100,9 @@ class PeerGroup {
   static constexpr int64_t kCrossProcessSetupTimeoutMs = 60000;
 
  private:
-  std::string InitDevice(int rank);
+  // First use of the device: peer access, copy stream (probed against `stream`, XLA's compute
+  // stream, which must hold nothing of ours), events, flags, scratch, kernels.
+  std::string InitDevice(int rank, cudaStream_t stream);
   // (Re)allocates this device's workspace to hold `bytes` (rounded up); all of the group's
   // kernels and copies must be drained.
   std::string AllocateWorkspace(DeviceState& d, size_t bytes);

@@ -34,3 +34,17 @@ def describe_tuning() -> str:
   """The stage GEMM configuration chosen per shape so far (CUDA), one line each."""
   module = ffi_modules.module_for("cuda")
   return "" if module is None else module.describe_tuning()
+
+
+def copy_stream_reports() -> list[dict]:
+  """How each initialized GPU's copy stream was chosen (CUDA; [] otherwise).
+
+  A copy stream that shares XLA's compute stream's hardware queue holds up the compute stream
+  whenever it waits (cc/cuda/copy_stream.h); the executor probes candidates and keeps one that
+  does not (`independent` 1), unless JAX_DISTGEMM_COPY_STREAM=plain.
+  """
+  module = ffi_modules.module_for("cuda")
+  if module is None or not hasattr(module, "copy_stream_reports"):
+    return []
+  return [{"ordinal": o, "candidates": n, "independent": i, "note": note}
+          for o, n, i, note in module.copy_stream_reports()]
