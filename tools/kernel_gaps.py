@@ -200,6 +200,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmp:
           path = os.path.join(tmp, "trace.json")
           with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            epoch_start = time.time()  # wall clock, to line up with nvidia-smi samples
             t0 = time.perf_counter()
             timed.run(args.calls)
             wall = (time.perf_counter() - t0) * 1e3 / args.calls
@@ -215,6 +216,7 @@ def main(argv=None):
           else:
             os.environ[k] = v
       row = {"wall_ms_per_call": wall,
+             "profiled_unix_s": [epoch_start, epoch_start + wall * args.calls / 1e3],
              "devices": {str(d): intervals_summary(ev, args.calls)
                          for d, ev in sorted(per_dev.items())}}
       case_rows[label] = row
