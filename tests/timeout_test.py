@@ -182,17 +182,31 @@ class TimeoutTest(parameterized.TestCase):
 class XlaCpuPoolTest(absltest.TestCase):
   """Our calls next to XLA collectives in one wide program must not starve XLA:CPU's pool."""
 
-  def test_wide_program_with_xla_collectives_completes(self):
-    # With a blocking handler this probe ended in XLA's termination abort in 4 of 4 runs at
-    # 16 calls (docs/design.md, "CPU executor"); the asynchronous handler never waits on an
-    # XLA thread.  XLA's bound is cut to 6 s so that a regression fails fast.
+  def _probe(self, implementation):
+    # XLA's bound is cut to 6 s so that a regression fails fast.
     probe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                          "cpu_pool_probe.py")
     flags = os.environ.get("XLA_FLAGS", "")
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"{flags} --xla_cpu_collective_call_terminate_timeout_seconds=6")
-    r = subprocess.run([sys.executable, probe, "--calls", "16", "--iters", "40"], env=env,
-                       capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, probe, "--calls", "16", "--iters", "40",
+                           "--implementation", implementation], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+  def test_wide_program_with_xla_collectives_completes(self):
+    # With a blocking handler this probe ended in XLA's termination abort in 4 of 4 runs at
+    # 16 calls (docs/design.md, "CPU executor"); the asynchronous handler never waits on an
+    # XLA thread.
+    # NOTE: the control first: the same program with the pure-XLA ring instead of our custom
+    # call.  At jax 0.11.2 XLA:CPU deadlocks it on its own on a 2-core host (3 of 3 runs,
+    # 2026-11-30; it passes at 0.12.0.1), and then the probe cannot tell anything about ours.
+    control = self._probe("xla")
+    if control.returncode != 0:
+      tail = [ln for ln in control.stderr.splitlines() if "Termination timeout" in ln][:1]
+      self.skipTest(f"XLA:CPU (jax {jax.__version__}) deadlocked the control program, which "
+                    f"has no jax_distgemm custom call (exit {control.returncode}): "
+                    f"{(tail or [control.stderr[-300:]])[0][:300]}")
+    r = self._probe("ffi")
     self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-4000:])
     self.assertIn("ok: 40 iterations, 16 calls each", r.stdout)
 
