@@ -31,7 +31,7 @@ import sys
 import time
 
 from jax_distgemm._src import bench_lib as bl
-from jax_distgemm._src import runtime
+from jax_distgemm._src import gpu_monitor, runtime
 
 
 def _positive_int(s: str) -> int:
@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--local-gemm", action="store_true",
                  help="also time one stage's local GEMM, XLA's dot and ours (the fused op "
                  "at TP=1), in the same rounds as the rows, and report the XLA/ours ratio")
+  g.add_argument("--no-gpu-monitor", action="store_true",
+                 help="GPU: do not sample SM clock and power with nvidia-smi (by default each "
+                      "row reports its medians over its timed repeats)")
   g.add_argument("--json", metavar="PATH", help="write all results as JSON")
   g.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
   g.add_argument("--list", action="store_true", help="print the cases and exit")
@@ -236,32 +239,44 @@ def main(argv: list[str] | None = None) -> int:
   print(f"jax_distgemm.bench: {len(cases)} case(s) on {args.tp} x {env['device_kind']} "
         f"({platform}); jax {env['jax']}; CUDA executor built: {env['cuda_executor_built']}")
   here = dataclasses.replace(opts, want=opts.want - {"windowed_einsum"})
+  monitor = gpu_monitor.GpuMonitor()
+  if platform != "gpu":
+    monitor.status, monitor.reason = "off", f"platform {platform}"
+  elif args.no_gpu_monitor:
+    monitor.status, monitor.reason = "off", "--no-gpu-monitor"
+  else:
+    monitor.start()
+  meta["gpu_monitor"] = monitor.describe()
   results = []
   t_start = time.perf_counter()
-  for i, case in enumerate(cases):
-    def progress(msg, i=i, case=case):
-      _progress(f"[{i + 1}/{len(cases)} {time.perf_counter() - t_start:7.1f}s] "
-                f"{case.label}: {msg}")
-    progress("start")
-    # Windowed einsum was timed by the child (other XLA_FLAGS); not here.
-    got = bl.run_case(case, i, devices, here, progress)
-    rows = got["rows"]
-    if "windowed_einsum" in opts.want:
-      rows["windowed_einsum"] = child_rows.get(case.key) or {
-          "status": "error",
-          "reason": child_failure or "the windowed-einsum child produced no result"}
-    else:
-      rows["windowed_einsum"] = {"status": "skipped",
-                                 "reason": "not requested (--no-windowed-einsum / --impls)"}
-    result = bl.finalize_case(case, rows, got["data"], opts)
-    results.append(result)
-    print(bl.case_block(result, i + 1, len(cases)), flush=True)
-    if args.json:
-      _write_json(args.json, {"meta": meta, "cases": results, "complete": False})
-
+  try:
+    for i, case in enumerate(cases):
+      def progress(msg, i=i, case=case):
+        _progress(f"[{i + 1}/{len(cases)} {time.perf_counter() - t_start:7.1f}s] "
+                  f"{case.label}: {msg}")
+      progress("start")
+      # Windowed einsum was timed by the child (other XLA_FLAGS); not here.
+      got = bl.run_case(case, i, devices, here, progress,
+                        monitor if monitor.status == "ok" else None)
+      rows = got["rows"]
+      if "windowed_einsum" in opts.want:
+        rows["windowed_einsum"] = child_rows.get(case.key) or {
+            "status": "error",
+            "reason": child_failure or "the windowed-einsum child produced no result"}
+      else:
+        rows["windowed_einsum"] = {"status": "skipped",
+                                   "reason": "not requested (--no-windowed-einsum / --impls)"}
+      result = bl.finalize_case(case, rows, got["data"], opts)
+      results.append(result)
+      print(bl.case_block(result, i + 1, len(cases)), flush=True)
+      if args.json:
+        _write_json(args.json, {"meta": meta, "cases": results, "complete": False})
+  finally:
+    monitor.stop()  # no nvidia-smi left behind, whatever happened
   print()
   print(bl.summary_table(results))
   passed = all(r["passed"] for r in results)
+  meta["gpu_monitor"] = monitor.describe()
   meta["copy_streams"] = runtime.copy_stream_reports()
   for c in meta["copy_streams"]:
     print(f"copy stream of GPU {c['ordinal']}: {c['candidates']} candidate(s), independent of "

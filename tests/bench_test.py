@@ -11,6 +11,7 @@ the structure is checked.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from unittest import mock
 
 try:
@@ -29,6 +31,7 @@ from absl.testing import absltest  # noqa: E402
 
 from jax_distgemm._src import api  # noqa: E402
 from jax_distgemm._src import bench_lib as bl  # noqa: E402
+from jax_distgemm._src import gpu_monitor  # noqa: E402
 from jax_distgemm._src.schedules import Schedule  # noqa: E402
 
 TINY = ["--m", "64", "--k", "32", "--n", "128"]
@@ -101,6 +104,11 @@ class BenchEndToEndTest(absltest.TestCase):
     self.assertIn("--xla_gpu_threshold_for_windowed_einsum_mib=0",
                   meta["windowed_einsum_xla_flags"])
     self.assertEqual(meta["timing"]["max_in_flight"], 1)
+    # No GPU here: the monitor stays off, says why, and no row claims clock data.
+    self.assertEqual((meta["gpu_monitor"]["status"], meta["gpu_monitor"]["reason"]),
+                     ("off", "platform cpu"))
+    for c in self.data["cases"]:
+      self.assertTrue(all(r.get("gpu") is None for r in c["rows"].values()), c["case"]["key"])
 
   def test_every_row_measured_or_explained(self):
     cases = self.data["cases"]
@@ -345,6 +353,77 @@ class BenchLibTest(absltest.TestCase):
       self.assertAlmostEqual(result["speedup"], 1.5)
       self.assertAlmostEqual(result["efficiency"], 0.5)
       self.assertTrue(math.isfinite(json.loads(json.dumps(bl.sanitize(result)))["efficiency"]))
+
+
+class GpuMonitorTest(absltest.TestCase):
+  """nvidia-smi sampling (jax_distgemm/_src/gpu_monitor.py): parsing, per-row windows, and the
+  background process, with a stand-in nvidia-smi script."""
+
+  LINE = "2026/11/30 19:52:41.250, 1, 1290, 692.70, 64"
+
+  def test_parse_line(self):
+    t, gpu, mhz, watts, temp = gpu_monitor.parse_line(self.LINE)
+    self.assertEqual((gpu, mhz, watts, temp), (1, 1290.0, 692.7, 64.0))
+    self.assertAlmostEqual(
+        t, datetime.datetime(2026, 11, 30, 19, 52, 41, 250000).timestamp(), places=3)
+    for junk in ("timestamp, index, clocks.sm [MHz], power.draw [W], temperature.gpu",
+                 "2026/11/30 19:52:41.250, 0, [N/A], 600.1, 50", "", "No devices were found"):
+      self.assertIsNone(gpu_monitor.parse_line(junk), junk)
+
+  def test_window_stats_take_medians_per_gpu_inside_the_windows(self):
+    samples = [(1.0, 0, 1400, 600, 50), (1.1, 0, 1300, 700, 52), (1.2, 0, 1350, 650, 51),
+               (1.1, 1, 1200, 690, 60), (5.0, 0, 1980, 100, 30)]  # the last: outside
+    got = gpu_monitor.window_stats(samples, [(0.9, 1.25), (3.0, 4.0)])
+    self.assertEqual(got, {
+        "0": {"sm_mhz": 1350, "power_w": 650, "temp_c": 51, "samples": 3},
+        "1": {"sm_mhz": 1200, "power_w": 690, "temp_c": 60, "samples": 1}})
+    self.assertIsNone(gpu_monitor.window_stats(samples, [(2.0, 3.0)]))
+
+  def test_unavailable_without_nvidia_smi(self):
+    with mock.patch.object(gpu_monitor.shutil, "which", return_value=None):
+      m = gpu_monitor.GpuMonitor().start()
+    self.assertEqual((m.status, m.reason), ("unavailable", "nvidia-smi not found"))
+    self.assertIsNone(m.stats([(0.0, 1e12)]))
+    m.stop()  # harmless when nothing started
+
+  def test_samples_a_stand_in_nvidia_smi_and_stops_it(self):
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    script = os.path.join(tmp.name, "nvidia-smi")
+    with open(script, "w") as f:  # one line per GPU every 20 ms, stamped like nvidia-smi
+      f.write("#!/bin/sh\n"
+              "while true; do\n"
+              "  d=$(date +'%Y/%m/%d %H:%M:%S.%N' | cut -c1-23)\n"
+              "  echo \"$d, 0, 1410, 602.0, 57\"; echo \"$d, 1, 1980, 120.5, 36\"\n"
+              "  sleep 0.02\n"
+              "done\n")
+    os.chmod(script, 0o755)
+    with mock.patch.dict(os.environ, {"PATH": tmp.name + os.pathsep + os.environ["PATH"]}):
+      m = gpu_monitor.GpuMonitor(interval_ms=20).start()
+    self.assertEqual(m.status, "ok", m.reason)
+    t0 = time.time()
+    time.sleep(0.5)
+    t1 = time.time()
+    deadline = time.time() + 5
+    while m.stats([(t0, t1)]) is None and time.time() < deadline:
+      time.sleep(0.05)
+    got = m.stats([(t0, t1)])
+    m.stop()
+    self.assertIsNotNone(got)
+    self.assertEqual(sorted(got), ["0", "1"])
+    self.assertEqual((got["0"]["sm_mhz"], got["1"]["power_w"]), (1410, 120.5))
+    self.assertGreaterEqual(got["0"]["samples"], 3)
+    self.assertEqual(m.describe()["status"], "ok")
+    self.assertIsNone(m._proc)  # stopped
+
+  def test_case_block_prints_the_clock_line(self):
+    result = {"rows": {"ideal": {"gpu": {"0": {"sm_mhz": 1410, "power_w": 602}}},
+                       "ffi": {"gpu": {"0": {"sm_mhz": 1290, "power_w": 693},
+                                       "1": {"sm_mhz": 1298, "power_w": 691}}}},
+              "ideal_all_devices": {"gpu": None}}
+    line = bl.gpu_clock_line(result)
+    self.assertIn("ideal GPU0 1410/602; ours GPU0 1290/693 GPU1 1298/691", line)
+    self.assertIsNone(bl.gpu_clock_line({"rows": {"ideal": {}, "ffi": {"gpu": None}}}))
 
 
 if __name__ == "__main__":

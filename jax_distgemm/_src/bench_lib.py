@@ -511,6 +511,8 @@ class Timed:
   times: list = dataclasses.field(default_factory=list)
   # ms per call of each repeat's heat run: the row entered straight after another row.
   times_after_switch: list = dataclasses.field(default_factory=list)
+  # (start, end) time.time() of each timed repeat: where GpuMonitor samples are this row's.
+  windows: list = dataclasses.field(default_factory=list)
   failure: dict | None = None
 
   def run(self, count: int, max_in_flight: int = 0):
@@ -571,7 +573,10 @@ def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[st
       def one(e=e):
         if e.heat_calls:
           e.times_after_switch.append(e.timed_run(e.heat_calls, opts.max_in_flight))
-        return e.timed_run(e.iterations, opts.max_in_flight)
+        t0 = time.time()
+        ms = e.timed_run(e.iterations, opts.max_in_flight)
+        e.windows.append((t0, time.time()))
+        return ms
       ms, e.failure = guarded(one)
       if ms is not None:
         e.times.append(ms)
@@ -608,14 +613,16 @@ def _timing_row(e: Timed) -> dict:
 # -- One case ---------------------------------------------------------------------------------------
 
 def run_case(case: Case, index: int, devices, opts: Options,
-             progress: Callable[[str], None]) -> dict:
+             progress: Callable[[str], None], monitor=None) -> dict:
   """Measures every requested row of `case`; returns {"rows": {...}, "data": {...}}.
 
+  With a started gpu_monitor.GpuMonitor, every timed row also gets "gpu": per GPU, the median
+  SM clock, power and temperature over its timed repeats.
   Every device array of the case is dropped before this returns (the seed's shape needs GiBs).
   """
   tuned_before = set(runtime.describe_tuning().splitlines())
   try:
-    result = _measure_case(case, index, devices, opts, progress)
+    result = _measure_case(case, index, devices, opts, progress, monitor)
     # The kernel variants this case tuned (CUDA), one line per device and launch shape.
     result["data"]["tuning"] = [line for line in runtime.describe_tuning().splitlines()
                                 if line not in tuned_before]
@@ -626,7 +633,7 @@ def run_case(case: Case, index: int, devices, opts: Options,
 
 
 def _measure_case(case: Case, index: int, devices, opts: Options,
-                  progress: Callable[[str], None]) -> dict:
+                  progress: Callable[[str], None], monitor=None) -> dict:
   want = opts.want
   rows: dict[str, dict] = {}
   mesh = Mesh(np.array(devices), ("tp",))
@@ -781,15 +788,16 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
         entries.append(Timed("local_cutlass", ours, stage_sets))
 
   time_interleaved(entries, opts, lambda msg: progress(f"timing: {msg}"))
+  gpu = {e.name: monitor.stats(e.windows) for e in entries} if monitor is not None else {}
   local = {e.name: e for e in entries if e.name.startswith("local_")}
   for e in entries:
     if e.name == "ideal_all_devices":
-      data["ideal_all_devices"] = _timing_row(e)
+      data["ideal_all_devices"] = {**_timing_row(e), "gpu": gpu.get(e.name)}
       continue
     if e.name in local:
       continue
     rows[e.name] = {**{k: v for k, v in rows[e.name].items() if k != "status"},
-                    **_timing_row(e)}
+                    **_timing_row(e), "gpu": gpu.get(e.name)}
 
   if "local_xla_dot" in local:
     lg = data["local_gemm"]
@@ -980,6 +988,23 @@ def _fmt(v, spec: str) -> str:
   return "-" if v is None else format(v, spec)
 
 
+def gpu_clock_line(result: dict) -> str | None:
+  """'GPU clock' line of a case block: per row with monitor data (the ideal alone, on every
+  device, ours), each GPU's median SM MHz / W over the row's timed repeats; None without any."""
+  picks = [("ideal", result["rows"].get("ideal", {})),
+           ("ideal on every device", result.get("ideal_all_devices") or {}),
+           ("ours", result["rows"].get(OURS, {}))]
+  parts = []
+  for label, row in picks:
+    g = row.get("gpu")
+    if g:
+      parts.append(f"{label} " + " ".join(f"GPU{i} {v['sm_mhz']:.0f}/{v['power_w']:.0f}"
+                                          for i, v in g.items()))
+  if not parts:
+    return None
+  return "   GPU clock (median SM MHz / W over the timed repeats): " + "; ".join(parts)
+
+
 def case_block(result: dict, index: int, total: int) -> str:
   """The detailed table of one case: one line per implementation."""
   c = result["case"]
@@ -1015,6 +1040,9 @@ def case_block(result: dict, index: int, total: int) -> str:
           f"{r['spread'] * 100:>6.1f}%  {'; '.join(note)}")
     else:
       lines.append(f"   {ROW_LABELS[name]:<22} {'n/a':>10}  {r.get('status')}: {r.get('reason')}")
+  clocks = gpu_clock_line(result)
+  if clocks:
+    lines.append(clocks)
   lg = result.get("local_gemm")
   if lg:
     x = lg.get("xla_dot", {})
