@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="also time one stage's local GEMM, XLA's dot and ours (the fused op "
                  "at TP=1), in the same rounds as the rows, and report the XLA/ours ratio")
   g.add_argument("--no-gpu-monitor", action="store_true",
-                 help="GPU: do not sample SM clock and power with nvidia-smi (by default each "
+                 help="GPU: do not sample SM clock and power through NVML (by default each "
                       "row reports its medians over its timed repeats)")
   g.add_argument("--json", metavar="PATH", help="write all results as JSON")
   g.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")

@@ -1,41 +1,64 @@
-"""SM clock and power while the benchmark times its rows: nvidia-smi, sampled in the background.
+"""SM clock and power while the benchmark times its rows: NVML, sampled on a background thread.
 
 Under sustained load these GPUs run at their power cap, so two kernels that do the same work per
 cycle can differ in speed by the clock the cap leaves each: at the seed AllGather shape our
 grid and XLA's dot drew the same ~692 W, XLA's at 1402-1410 MHz and ours at 1290-1298 MHz
-(docs/performance.md M3).  `GpuMonitor` samples every GPU's SM clock, power and temperature and
-reports, per benchmark row, the medians over the samples inside that row's timed repeats.
-
-nvidia-smi stamps each sample in local time; the windows are `time.time()` on the same host.
+(docs/performance.md M3, sampled with nvidia-smi).  `GpuMonitor` samples every GPU's SM clock,
+power and temperature through NVML (the driver's libnvidia-ml, by ctypes: no extra package, no
+child process whose output could sit in a pipe buffer) and reports, per benchmark row, the
+medians over the samples inside that row's timed repeats.  GPUs are NVML's indices (PCI order,
+as nvidia-smi numbers them).
 """
 
 from __future__ import annotations
 
-import datetime
-import shutil
+import ctypes
 import statistics
-import subprocess
 import threading
+import time
 
-FIELDS = ("timestamp", "index", "clocks.sm", "power.draw", "temperature.gpu")
+_NVML_CLOCK_SM = 1  # nvmlClockType_t
+_NVML_TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t
 
 
-def parse_line(line: str) -> tuple[float, int, float, float, float] | None:
-  """(unix time, GPU index, SM MHz, W, degC) of one `--format=csv,noheader,nounits` line, or
-  None for anything else (a header, a '[N/A]' field, a message)."""
-  parts = [p.strip() for p in line.split(",")]
-  if len(parts) != len(FIELDS):
-    return None
-  try:
-    t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-    return t, int(parts[1]), float(parts[2]), float(parts[3]), float(parts[4])
-  except ValueError:
-    return None
+class NvmlReader:
+  """(GPU index, SM MHz, W, degC) of every GPU, read through libnvidia-ml.so.1."""
+
+  def __init__(self):
+    self._lib = ctypes.CDLL("libnvidia-ml.so.1")
+    self._check(self._lib.nvmlInit_v2(), "nvmlInit_v2")
+    count = ctypes.c_uint()
+    self._check(self._lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), "nvmlDeviceGetCount_v2")
+    self._handles = []
+    for i in range(count.value):
+      h = ctypes.c_void_p()
+      self._check(self._lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)),
+                  "nvmlDeviceGetHandleByIndex_v2")
+      self._handles.append(h)
+
+  @staticmethod
+  def _check(rc: int, what: str):
+    if rc != 0:
+      raise OSError(f"{what} returned NVML error {rc}")
+
+  def read(self) -> list[tuple[int, float, float, float]]:
+    out = []
+    for i, h in enumerate(self._handles):
+      mhz, mw, temp = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
+      if (self._lib.nvmlDeviceGetClockInfo(h, _NVML_CLOCK_SM, ctypes.byref(mhz)) == 0 and
+          self._lib.nvmlDeviceGetPowerUsage(h, ctypes.byref(mw)) == 0 and
+          self._lib.nvmlDeviceGetTemperature(h, _NVML_TEMPERATURE_GPU, ctypes.byref(temp)) == 0):
+        out.append((i, float(mhz.value), mw.value / 1e3, float(temp.value)))
+    return out
+
+  def close(self):
+    self._lib.nvmlShutdown()
 
 
 def window_stats(samples, windows) -> dict[str, dict] | None:
-  """Per GPU index (as a string), medians of SM MHz, W and degC over the samples whose time
-  falls inside any of `windows` ([(t0, t1), ...]), and their count; None without any."""
+  """Per GPU index (as a string), medians of SM MHz, W and degC over the samples
+  (t, gpu, MHz, W, degC) whose time falls inside any of `windows` ([(t0, t1), ...]), and their
+  count; None without any."""
   per_gpu: dict[int, list] = {}
   for t, gpu, mhz, watts, temp in samples:
     if any(t0 <= t <= t1 for t0, t1 in windows):
@@ -50,43 +73,42 @@ def window_stats(samples, windows) -> dict[str, dict] | None:
 
 
 class GpuMonitor:
-  """nvidia-smi in the background (`start`), its samples parsed as they arrive."""
+  """Samples `reader_factory()`'s read() every `interval_ms` on a daemon thread (`start`)."""
 
-  def __init__(self, interval_ms: int = 50):
+  def __init__(self, interval_ms: int = 50, reader_factory=NvmlReader):
     self.interval_ms = interval_ms
     self.samples: list[tuple[float, int, float, float, float]] = []
     self.status, self.reason = "off", "not started"
-    self._proc = None
+    self._reader_factory = reader_factory
     self._reader = None
+    self._thread = None
+    self._stop = threading.Event()
     self._lock = threading.Lock()
 
   def start(self) -> GpuMonitor:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-      self.status, self.reason = "unavailable", "nvidia-smi not found"
-      return self
     try:
-      self._proc = subprocess.Popen(
-          [exe, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
-           f"-lms={self.interval_ms}"],
-          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    except OSError as e:
-      self.status, self.reason = "unavailable", f"nvidia-smi did not start: {e}"
+      self._reader = self._reader_factory()
+    except OSError as e:  # no driver library (CPU machines), or NVML refused
+      self.status, self.reason = "unavailable", f"NVML: {e}"
       return self
-    self._reader = threading.Thread(target=self._read, daemon=True)
-    self._reader.start()
+    self._thread = threading.Thread(target=self._run, daemon=True, name="gpu_monitor")
+    self._thread.start()
     self.status, self.reason = "ok", None
     return self
 
-  def _read(self):
-    for line in self._proc.stdout:
-      s = parse_line(line)
-      if s is not None:
-        with self._lock:
-          self.samples.append(s)
+  def _run(self):
+    while not self._stop.is_set():
+      t = time.time()
+      try:
+        got = self._reader.read()
+      except OSError:
+        got = []
+      with self._lock:
+        self.samples.extend((t, *s) for s in got)
+      self._stop.wait(self.interval_ms / 1e3)
 
   def stats(self, windows) -> dict[str, dict] | None:
-    """window_stats over what has arrived so far (None when off or without samples)."""
+    """window_stats over the samples so far (None when off or without samples)."""
     if not windows:
       return None
     with self._lock:
@@ -94,16 +116,14 @@ class GpuMonitor:
     return window_stats(samples, windows)
 
   def stop(self):
-    if self._proc is not None:
-      self._proc.terminate()
-      try:
-        self._proc.wait(timeout=5)
-      except subprocess.TimeoutExpired:
-        self._proc.kill()
-      if self._reader is not None:
-        self._reader.join(timeout=5)
-      self._proc = None
+    if self._thread is not None:
+      self._stop.set()
+      self._thread.join(timeout=5)
+      self._thread = None
+    if self._reader is not None:
+      self._reader.close()
+      self._reader = None
 
   def describe(self) -> dict:
     return {"status": self.status, "reason": self.reason, "interval_ms": self.interval_ms,
-            "fields": list(FIELDS), "samples": len(self.samples)}
+            "source": "NVML (libnvidia-ml.so.1)", "samples": len(self.samples)}
