@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from jax_distgemm import bench as bench_cli
 from jax_distgemm._src import bench_lib
-from jax_distgemm._src import runtime
+from jax_distgemm._src import gpu_monitor, runtime
 
 # GemmConfig values (cc/cuda/gemm_kernels.h) and which have a fused (ptr-array) kernel.
 CONFIG_NAMES = {0: "coop128x256_c2x1", 1: "coop256x128_c1x2", 2: "pingpong128x128_c1x2",
@@ -73,9 +73,11 @@ def variants(args, *, fused_kernel: bool, reduce_scatter: bool) -> list[tuple[st
   return out
 
 
-def time_rows(label, baseline, baseline_sets, ours, sets, ref, named_envs, opts, log):
+def time_rows(label, baseline, baseline_sets, ours, sets, ref, named_envs, opts, log,
+              monitor=None):
   """Times the baseline ("ideal" row) and `ours` once per (name, environment), in interleaved
-  rounds; each row's error against `ref` on set 0, and baseline / ours as "efficiency"."""
+  rounds; each row's error against `ref` on set 0, and baseline / ours as "efficiency"; with a
+  started gpu_monitor.GpuMonitor, each row's median SM clock and power per GPU ("gpu")."""
   entries = [EnvTimed("ideal", baseline, baseline_sets)]
   errors = {}
   ref_out = ref(*sets[0])
@@ -86,7 +88,9 @@ def time_rows(label, baseline, baseline_sets, ours, sets, ref, named_envs, opts,
     entries.append(e)
   del ref_out  # the seed shape's output is GiBs per device: not kept while timing
   bench_lib.time_interleaved(entries, opts, lambda msg: log(f"{label}: {msg}"))
-  rows = {e.name: bench_lib._timing_row(e) for e in entries}
+  rows = {e.name: {**bench_lib._timing_row(e),
+                   "gpu": monitor.stats(e.windows) if monitor is not None else None}
+          for e in entries}
   ideal_ms = rows["ideal"].get("ms")
   for name, row in rows.items():
     if name in errors:
@@ -96,7 +100,7 @@ def time_rows(label, baseline, baseline_sets, ours, sets, ref, named_envs, opts,
   return rows
 
 
-def sweep_case(case, index, devices, opts, args, log):
+def sweep_case(case, index, devices, opts, args, log, monitor=None):
   """Whole calls at TP=2 against the ideal (XLA's dot of one device's share, on device 0)."""
   mesh = Mesh(np.array(devices), ("tp",))
   shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
@@ -112,11 +116,11 @@ def sweep_case(case, index, devices, opts, args, log):
   # AllGather calls run the fused grid (TP <= 8, L = 1); ReduceScatter has its path switch.
   named_envs = variants(args, fused_kernel=case.schedule.is_all_gather,
                         reduce_scatter=not case.schedule.is_all_gather)
-  rows = time_rows(case.label, ideal, ideal_sets, ours, sets, ref, named_envs, opts, log)
+  rows = time_rows(case.label, ideal, ideal_sets, ours, sets, ref, named_envs, opts, log, monitor)
   return {"case": case.as_dict(), "rows": rows, "tuning": runtime.describe_tuning()}
 
 
-def sweep_local_case(case, index, devices, opts, args, log):
+def sweep_local_case(case, index, devices, opts, args, log, monitor=None):
   """--local: one stage of `case` on one GPU (the op at TP=1, bench_lib.local_stage_fn) against
   XLA's dot of the same shape: the benchmark's local-GEMM ratio, per variant ("efficiency" is
   XLA dot / ours).  Stage kernels (not the fused grid), so every compiled config is a
@@ -129,7 +133,8 @@ def sweep_local_case(case, index, devices, opts, args, log):
   xla = xla.lower(*sets[0]).compile()
   ours = jax.jit(bench_lib.local_stage_fn(case, devices[0])).lower(*sets[0]).compile()
   named_envs = variants(args, fused_kernel=False, reduce_scatter=False)
-  rows = time_rows(f"{case.label} stage", xla, sets, ours, sets, xla, named_envs, opts, log)
+  rows = time_rows(f"{case.label} stage", xla, sets, ours, sets, xla, named_envs, opts, log,
+                   monitor)
   return {"case": case.as_dict(), "stage_shape": [sm, sk, sn], "rows": rows,
           "tuning": runtime.describe_tuning()}
 
@@ -165,21 +170,34 @@ def main(argv=None):
   t0 = time.time()
   log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
   results = []
-  for i, case in enumerate(bench_lib.parse_case(text) for text in args.cases):
-    sweep = sweep_local_case if args.local else sweep_case
-    results.append(sweep(case, i, devices, opts, args, log))
-    rows = results[-1]["rows"]
-    ranked = sorted((r["ms"], n) for n, r in rows.items() if r.get("ms") and n != "ideal")
-    print(f"\n{case.label}: ideal {rows['ideal'].get('ms', float('nan')):.4f} ms")
-    for ms, n in ranked:
-      r = rows[n]
-      print(f"  {n:32s} {ms:9.4f} ms  eff {r.get('efficiency', float('nan')):.3f}  "
-            f"spread {r['spread']:.3f}  err {r.get('rel_err', float('nan')):.1e}")
-    print(results[-1]["tuning"])
-    if args.json:
-      with open(args.json, "w") as f:
-        json.dump({"argv": sys.argv, "results": results}, f, indent=1)
-    jax.clear_caches()
+  # SM clock and power per row (GPU): under the power cap they tell a kernel that does more
+  # work per cycle from one that is left more clock (docs/performance.md M3).
+  monitor = gpu_monitor.GpuMonitor().start() if platform == "gpu" else None
+  clocks = lambda g: "" if not g else "  | " + " ".join(
+      f"GPU{i} {v['sm_mhz']:.0f} MHz {v['power_w']:.0f} W" for i, v in g.items())
+  try:
+    for i, case in enumerate(bench_lib.parse_case(text) for text in args.cases):
+      sweep = sweep_local_case if args.local else sweep_case
+      results.append(sweep(case, i, devices, opts, args, log,
+                           monitor if monitor is not None and monitor.status == "ok" else None))
+      rows = results[-1]["rows"]
+      ranked = sorted((r["ms"], n) for n, r in rows.items() if r.get("ms") and n != "ideal")
+      print(f"\n{case.label}: ideal {rows['ideal'].get('ms', float('nan')):.4f} ms"
+            f"{clocks(rows['ideal'].get('gpu'))}")
+      for ms, n in ranked:
+        r = rows[n]
+        print(f"  {n:32s} {ms:9.4f} ms  eff {r.get('efficiency', float('nan')):.3f}  "
+              f"spread {r['spread']:.3f}  err {r.get('rel_err', float('nan')):.1e}"
+              f"{clocks(r.get('gpu'))}")
+      print(results[-1]["tuning"])
+      if args.json:
+        with open(args.json, "w") as f:
+          json.dump({"argv": sys.argv, "results": results,
+                     "gpu_monitor": monitor.describe() if monitor else None}, f, indent=1)
+      jax.clear_caches()
+  finally:
+    if monitor is not None:
+      monitor.stop()
 
 
 if __name__ == "__main__":
