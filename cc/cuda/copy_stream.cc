@@ -104,35 +104,34 @@ std::string CreateCopyStream(cudaStream_t main, bool probe_all, cudaStream_t* ou
       cudaEventCreateWithFlags(&probe.ev, cudaEventDisableTiming) != cudaSuccess) {
     return plain("no device view of the probe's host word");
   }
-  std::vector<cudaStream_t> rejected;
-  auto drop_rejected = [&] {
-    for (cudaStream_t r : rejected) cudaStreamDestroy(r);
-    rejected.clear();
-  };
+  // Candidates not kept, alive until we return (so that the next stream goes to the next
+  // queue), then destroyed whichever way we return.
+  struct Rejected {
+    std::vector<cudaStream_t> streams;
+    ~Rejected() {
+      for (cudaStream_t r : streams) cudaStreamDestroy(r);
+    }
+  } rejected;
   const int limit = probe_all ? kMaxCandidates : 1;
   for (int i = 0; i < limit; ++i) {
     cudaStream_t s = nullptr;
     if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
-      drop_rejected();
       return CudaError("cudaStreamCreateWithFlags (copy stream)", e);
     }
     ++report->candidates;
     bool independent = false, unsupported = false;
     if (std::string err = IsIndependent(probe, main, s, &independent, &unsupported);
         !err.empty()) {
-      cudaStreamDestroy(s);
-      drop_rejected();
-      if (unsupported) return plain(err);
-      return err;
+      rejected.streams.push_back(s);
+      return unsupported ? plain(err) : err;
     }
     report->independent = independent ? 1 : 0;
     // Keep the first independent one; with none, the last one tried.
     if (independent || i + 1 == limit) {
-      drop_rejected();
       *out = s;
       return "";
     }
-    rejected.push_back(s);  // kept alive until the end: the next stream goes to the next queue
+    rejected.streams.push_back(s);
   }
   return "copy stream probe: no candidate";  // unreachable: limit >= 1
 }

@@ -20,9 +20,10 @@
 namespace jax_distgemm::cuda {
 
 struct CopyStreamReport {
-  int candidates = 0;    // streams created to find one (rejected ones are destroyed)
-  int independent = -1;  // 1: a blocked wait on it did not hold up `main`; 0: it did; -1: not probed
-  std::string note;      // why it was not probed ("" when it was)
+  int candidates = 0;  // streams created to find one (rejected ones are destroyed)
+  // 1: a blocked wait on the kept stream did not hold up `main`; 0: it did; -1: not probed.
+  int independent = -1;
+  std::string note;  // why it was not probed ("" when it was)
 };
 
 // Creates the copy stream of the current device.  With `probe` (JAX_DISTGEMM_COPY_STREAM unset

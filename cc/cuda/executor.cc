@@ -161,10 +161,10 @@ int NonEmptyChunks(int64_t extent, int want) {
 // nominal ratio is (shard bytes / 395 GB/s) / (stage flops / ~650 TFLOP/s) = ~1650 / (the
 // stage's n for RotatingA, m for RotatingB), and under the GEMM's load the copy ran ~35%
 // slower (performance.md, K7: the 32 MB shard of AG 8192,4096,4096 landed ~111 us in, not 85),
-// so CTAs wait for the shard from a nominal ratio of ~0.7 on: two chunks from 0.6.  Suite shapes: 0.80 at AG
-// 8192,4096,4096 (there CTAs idled 4-8 us for the shard, L3; two chunks read +0.8 and +1.2
-// points in two sweeps, L4), 0.40 at 4096,8192,8192 and 2048,8192,8192 (the shard lands before
-// stage 0 is half done; two chunks read -0.5 to +1.4, noise), 0.11 and 0.03 above.
+// so CTAs wait for the shard from a nominal ratio of ~0.7 on: two chunks from 0.6.  Suite
+// shapes: 0.80 at AG 8192,4096,4096 (there CTAs idled 4-8 us for the shard, L3; two chunks read
+// +0.8 and +1.2 points in two sweeps, L4), 0.40 at 4096,8192,8192 and 2048,8192,8192 (the shard
+// lands before stage 0 is half done; two chunks read -0.5 to +1.4, noise), 0.11 and 0.03 above.
 int AgChunks(const Problem& p, const CallOptions& o, bool fused) {
   const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
   // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
@@ -327,10 +327,12 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   // fused grid waits for kPushDoneFlag before it completes, or an event join at the end.
   const bool kernel_join = fused && o.ag_kernel_join;
   if (tp > 1) {
-    cudaError_t e = !kernel_join        ? cudaEventRecord(me.join, me.copy_stream)
-                    : o.skip_push_done ? cudaSuccess
-                                       : StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag,
-                                                            epoch);
+    cudaError_t e = cudaSuccess;
+    if (!kernel_join) {
+      e = cudaEventRecord(me.join, me.copy_stream);
+    } else if (!o.skip_push_done) {  // (the fault hook skips the mark)
+      e = StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag, epoch);
+    }
     if (e != cudaSuccess) return CudaError("join copy stream", e);
   }
 
@@ -450,29 +452,49 @@ void FinishRsBatches(GemmLaunch& g, const MatrixView& pv, uint32_t epoch) {
   g.sync.wait_epoch = epoch;
 }
 
-// kCopyRing, stage i chunk c (rows [lo, hi) of the running sum): m and A, B, D of its GEMM;
-// D = `send` rows (out rows at the last stage, `send` == nullptr).  C and the waits are the
-// caller's (launch per chunk, or a batch of the fused grid).
+// kCopyRing, stage i chunk c of `chunks`: rows [lo, hi) of the running sum, the send slot its
+// GEMM writes (nullptr at the last stage, which writes out) and the receive-slot rows it reads
+// as C (nullptr at stage 0: no running sum yet).  Both copy-ring paths walk these.
+struct CopyRingChunk {
+  int64_t lo = 0, hi = 0;
+  uint8_t* send = nullptr;
+  const uint8_t* recv_rows = nullptr;
+};
+CopyRingChunk CopyRingChunkAt(const Problem& p, DeviceState& me, uint32_t epoch, int i, int c,
+                              int chunks) {
+  CopyRingChunk k;
+  ChunkRange(p.sm(), chunks, c, &k.lo, &k.hi);
+  if (i + 1 < p.tp) k.send = Slot(me, p, epoch, RsSendSlot(i));
+  if (i > 0) {
+    k.recv_rows = Slot(me, p, epoch, RsRecvSlot(p, i)) +
+                  k.lo * p.PartialView().ld * ElemSize(p.out_type);
+  }
+  return k;
+}
+
+// kCopyRing, one chunk: m and A, B, D of its GEMM; D = the chunk's send-slot rows (out rows at
+// the last stage).  C and the waits are the caller's (launch per chunk, or a batch of the fused
+// grid).
 void SetCopyRingChunkOperands(GemmOperands& o, const Problem& p, const CallBuffers& b, int tile,
-                              uint8_t* send, int64_t lo, int64_t hi) {
+                              const CopyRingChunk& k) {
   const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
   const MatrixView pv = p.PartialView();
-  o.m = hi - lo;
-  SetA(o, At(b.x, av.offset + lo * av.ld, p.in_type), av);
+  o.m = k.hi - k.lo;
+  SetA(o, At(b.x, av.offset + k.lo * av.ld, p.in_type), av);
   SetB(o, At(b.w, bv.offset, p.in_type), bv);
-  if (send == nullptr) {
-    SetD(o, At(b.out, ov.offset + lo * ov.ld, p.out_type), ov);
+  if (k.send == nullptr) {
+    SetD(o, At(b.out, ov.offset + k.lo * ov.ld, p.out_type), ov);
   } else {
-    SetD(o, send + lo * pv.ld * ElemSize(p.out_type), pv);
+    SetD(o, k.send + k.lo * pv.ld * ElemSize(p.out_type), pv);
   }
 }
 
-// kCopyRing: after my stage i's GEMM of rows [lo, hi) (stream order on `copy`), push them from
-// my send slot into `next`'s receive slot i+1 and set its flag(i+1, c).
+// kCopyRing: after my stage i's GEMM of chunk c (stream order on `copy`), push its rows from my
+// send slot into `next`'s receive slot i+1 and set its flag(i+1, c).
 cudaError_t PushCopyRingChunk(const Problem& p, DeviceState& me, DeviceState& next,
-                              uint32_t epoch, int i, int c, int64_t lo, int64_t hi) {
-  cudaError_t e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)),
-                                  Slot(me, p, epoch, RsSendSlot(i)), lo, hi, me.copy_stream);
+                              uint32_t epoch, int i, int c, const CopyRingChunk& k) {
+  cudaError_t e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)), k.send, k.lo,
+                                  k.hi, me.copy_stream);
   if (e == cudaSuccess) {
     e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(i + 1, c), epoch);
   }
@@ -517,28 +539,22 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
   const MatrixView pv = p.PartialView();
-  const size_t osz = ElemSize(p.out_type);
-  const int64_t rows = p.sm();
   GemmLaunch g = RsFusedLaunch(p, me, o, group.error(), rank, epoch, chunks);
   FusedStages& f = g.fused;
   GemmOperands first;
   for (int i = 0; i < tp; ++i) {
-    const bool last = i == tp - 1;
-    uint8_t* send = last ? nullptr : Slot(me, p, epoch, RsSendSlot(i));
-    const uint8_t* recv = i == 0 ? nullptr : Slot(me, p, epoch, RsRecvSlot(p, i));
     for (int c = 0; c < chunks; ++c) {
       const int s = i * chunks + c;
-      int64_t lo, hi;
-      ChunkRange(rows, chunks, c, &lo, &hi);
-      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), send, lo, hi);
-      if (!AddRsBatch(g, s, i == 0 ? nullptr : recv + lo * pv.ld * osz, pv, &first)) {
+      const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);
+      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), k);
+      if (!AddRsBatch(g, s, k.recv_rows, pv, &first)) {
         return "fused copy ring: stage views differ in pitch";
       }
       if (i > 0) {
         f.c_wait_flag[s] = me.flags + FlagIndex(i, c);
         f.peer[s] = Sched::Source(rank, i, tp);
       }
-      if (!last) f.done_flag[s] = me.flags + LocalDoneFlag(i, c);
+      if (k.send != nullptr) f.done_flag[s] = me.flags + LocalDoneFlag(i, c);
     }
   }
   FinishRsBatches(g, pv, epoch);
@@ -551,10 +567,11 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
   if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
   for (int i = 0; i + 1 < tp && !o.skip_signals; ++i) {
     for (int c = 0; c < chunks; ++c) {
-      int64_t lo, hi;
-      ChunkRange(rows, chunks, c, &lo, &hi);
       cudaError_t e = StreamWaitValue32(me.copy_stream, me.flags + LocalDoneFlag(i, c), epoch);
-      if (e == cudaSuccess) e = PushCopyRingChunk(p, me, next, epoch, i, c, lo, hi);
+      if (e == cudaSuccess) {
+        const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);
+        e = PushCopyRingChunk(p, me, next, epoch, i, c, k);
+      }
       if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
     }
   }
@@ -587,38 +604,32 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
   const MatrixView pv = p.PartialView();
-  const size_t osz = ElemSize(p.out_type);
-  const int64_t rows = p.sm();
   const int chunks = RsChunks(p, o);
   if (FusesCopyRing(p, o, chunks)) {
     return EnqueueRsCopyRingFused<Sched>(p, rank, group, b, o, stream, epoch, chunks);
   }
   for (int i = 0; i < tp; ++i) {
-    const bool last = i == tp - 1;
-    uint8_t* send = last ? nullptr : Slot(me, p, epoch, RsSendSlot(i));
-    const uint8_t* recv = i == 0 ? nullptr : Slot(me, p, epoch, RsRecvSlot(p, i));
     for (int c = 0; c < chunks; ++c) {
-      int64_t lo = 0, hi = rows;
-      if (chunks > 1) ChunkRange(rows, chunks, c, &lo, &hi);
+      const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);
       GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), send, lo, hi);
+      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), k);
       if (i > 0) {
         // The left neighbour's running sum, pushed here.
-        SetC(g.ops, recv + lo * pv.ld * osz, pv, 1.f);
+        SetC(g.ops, k.recv_rows, pv, 1.f);
         SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
       }
       // Chunk GEMMs read x, w and (after its flag) their receive slot, and write their own
       // send-slot or out rows: none reads what the launch before it writes.
       g.sync.overlap_previous = o.overlap_stages && (i > 0 || c > 0);
       if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
-      if (last || o.skip_signals) continue;
+      if (k.send == nullptr || o.skip_signals) continue;  // the last stage writes out
       // Push this chunk while the next ones compute.  One event suffices: cudaStreamWaitEvent
       // waits for the event's most recent record at the time of the call.
       if (cudaEventRecord(me.stage_done, stream) != cudaSuccess ||
           cudaStreamWaitEvent(me.copy_stream, me.stage_done, 0) != cudaSuccess) {
         return CudaFailure("fork copy stream");
       }
-      if (cudaError_t e = PushCopyRingChunk(p, me, next, epoch, i, c, lo, hi); e != cudaSuccess) {
+      if (cudaError_t e = PushCopyRingChunk(p, me, next, epoch, i, c, k); e != cudaSuccess) {
         return std::string("push to peer: ") + cudaGetErrorString(e);
       }
     }
