@@ -241,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
   here = dataclasses.replace(opts, want=opts.want - {"windowed_einsum"})
   monitor = gpu_monitor.GpuMonitor()
   if platform != "gpu":
-    monitor.status, monitor.reason = "off", f"platform {platform}"
+    monitor.off(f"platform {platform}")
   elif args.no_gpu_monitor:
-    monitor.status, monitor.reason = "off", "--no-gpu-monitor"
+    monitor.off("--no-gpu-monitor")
   else:
     monitor.start()
   meta["gpu_monitor"] = monitor.describe()
@@ -256,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{case.label}: {msg}")
       progress("start")
       # Windowed einsum was timed by the child (other XLA_FLAGS); not here.
-      got = bl.run_case(case, i, devices, here, progress,
-                        monitor if monitor.status == "ok" else None)
+      got = bl.run_case(case, i, devices, here, progress, monitor)
       rows = got["rows"]
       if "windowed_einsum" in opts.want:
         rows["windowed_einsum"] = child_rows.get(case.key) or {
@@ -272,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
       if args.json:
         _write_json(args.json, {"meta": meta, "cases": results, "complete": False})
   finally:
-    monitor.stop()  # no nvidia-smi left behind, whatever happened
+    monitor.stop()  # no sampling thread or NVML session left behind, whatever happened
   print()
   print(bl.summary_table(results))
   passed = all(r["passed"] for r in results)

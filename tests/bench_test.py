@@ -412,7 +412,8 @@ class GpuMonitorTest(absltest.TestCase):
                                        "1": {"sm_mhz": 1298, "power_w": 691}}}},
               "ideal_all_devices": {"gpu": None}}
     line = bl.gpu_clock_line(result)
-    self.assertIn("ideal GPU0 1410/602; ours GPU0 1290/693 GPU1 1298/691", line)
+    self.assertIn("ideal GPU0 1410 MHz 602 W; ours GPU0 1290 MHz 693 W GPU1 1298 MHz 691 W",
+                  line)
     self.assertIsNone(bl.gpu_clock_line({"rows": {"ideal": {}, "ffi": {"gpu": None}}}))
 
 

@@ -172,14 +172,16 @@ def main(argv=None):
   results = []
   # SM clock and power per row (GPU): under the power cap they tell a kernel that does more
   # work per cycle from one that is left more clock (docs/performance.md M3).
-  monitor = gpu_monitor.GpuMonitor().start() if platform == "gpu" else None
-  clocks = lambda g: "" if not g else "  | " + " ".join(
-      f"GPU{i} {v['sm_mhz']:.0f} MHz {v['power_w']:.0f} W" for i, v in g.items())
+  monitor = gpu_monitor.GpuMonitor()
+  if platform == "gpu":
+    monitor.start()
+  else:
+    monitor.off(f"platform {platform}")
+  clocks = lambda g: f"  | {gpu_monitor.format_stats(g)}" if g else ""
   try:
     for i, case in enumerate(bench_lib.parse_case(text) for text in args.cases):
       sweep = sweep_local_case if args.local else sweep_case
-      results.append(sweep(case, i, devices, opts, args, log,
-                           monitor if monitor is not None and monitor.status == "ok" else None))
+      results.append(sweep(case, i, devices, opts, args, log, monitor))
       rows = results[-1]["rows"]
       ranked = sorted((r["ms"], n) for n, r in rows.items() if r.get("ms") and n != "ideal")
       print(f"\n{case.label}: ideal {rows['ideal'].get('ms', float('nan')):.4f} ms"
@@ -193,11 +195,10 @@ def main(argv=None):
       if args.json:
         with open(args.json, "w") as f:
           json.dump({"argv": sys.argv, "results": results,
-                     "gpu_monitor": monitor.describe() if monitor else None}, f, indent=1)
+                     "gpu_monitor": monitor.describe()}, f, indent=1)
       jax.clear_caches()
   finally:
-    if monitor is not None:
-      monitor.stop()
+    monitor.stop()
 
 
 if __name__ == "__main__":

@@ -150,8 +150,8 @@ def main(argv=None):
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
   from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: PLC0415
-  from jax_distgemm import ffi as ffi_modules  # noqa: PLC0415
   from jax_distgemm._src import bench_lib as bl  # noqa: PLC0415
+  from jax_distgemm._src import runtime  # noqa: PLC0415
   try:
     import torch  # noqa: PLC0415
   except ImportError:
@@ -230,15 +230,13 @@ def main(argv=None):
                 f"p90 {s['p90_gap_us']:.1f} / max {s['max_gap_us']:.1f} us, "
                 f"{s['gaps_over_20us']} over 20 us | {tops}")
       sys.stdout.flush()
-    cuda = ffi_modules.module_for("cuda")
-    reports = getattr(cuda, "copy_stream_reports", lambda: [])()
     results.append({"case": case.label, "calls": args.calls, "rows": case_rows,
-                    "tuning": cuda.describe_tuning().splitlines(),
-                    # (ordinal, candidates, independent, note): cc/cuda/copy_stream.h
-                    "copy_streams": [list(r) for r in reports]})
+                    "tuning": runtime.describe_tuning().splitlines(),
+                    "copy_streams": runtime.copy_stream_reports()})  # cc/cuda/copy_stream.h
     print("\n".join(f"    tuned: {t}" for t in results[-1]["tuning"]))
-    print("\n".join(f"    copy stream: device {o}, {n} candidate(s), independent {i}"
-                    f"{', ' + note if note else ''}" for o, n, i, note in reports))
+    print("\n".join(f"    copy stream: device {r['ordinal']}, {r['candidates']} candidate(s), "
+                    f"independent {r['independent']}{', ' + r['note'] if r['note'] else ''}"
+                    for r in results[-1]["copy_streams"]))
     del sets, rows
     jax.clear_caches()
   if args.json:

@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_distgemm
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm._src import reference, runtime
+from jax_distgemm._src import gpu_monitor, reference, runtime
 from jax_distgemm._src.schedules import Schedule
 
 # -- Names ------------------------------------------------------------------------------------------
@@ -990,19 +990,16 @@ def _fmt(v, spec: str) -> str:
 
 def gpu_clock_line(result: dict) -> str | None:
   """'GPU clock' line of a case block: per row with monitor data (the ideal alone, on every
-  device, ours), each GPU's median SM MHz / W over the row's timed repeats; None without any."""
+  device, ours), each GPU's median SM clock and power over the row's timed repeats; None
+  without any."""
   picks = [("ideal", result["rows"].get("ideal", {})),
            ("ideal on every device", result.get("ideal_all_devices") or {}),
            ("ours", result["rows"].get(OURS, {}))]
-  parts = []
-  for label, row in picks:
-    g = row.get("gpu")
-    if g:
-      parts.append(f"{label} " + " ".join(f"GPU{i} {v['sm_mhz']:.0f}/{v['power_w']:.0f}"
-                                          for i, v in g.items()))
+  parts = [f"{label} {gpu_monitor.format_stats(row['gpu'])}" for label, row in picks
+           if row.get("gpu")]
   if not parts:
     return None
-  return "   GPU clock (median SM MHz / W over the timed repeats): " + "; ".join(parts)
+  return "   GPU clock (medians over the timed repeats): " + "; ".join(parts)
 
 
 def case_block(result: dict, index: int, total: int) -> str:

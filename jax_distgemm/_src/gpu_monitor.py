@@ -55,6 +55,12 @@ class NvmlReader:
     self._lib.nvmlShutdown()
 
 
+def format_stats(stats: dict[str, dict] | None, sep: str = " ") -> str:
+  """'GPU0 1290 MHz 692 W GPU1 ...' of window_stats' result ("" for None)."""
+  return sep.join(f"GPU{i} {v['sm_mhz']:.0f} MHz {v['power_w']:.0f} W"
+                  for i, v in (stats or {}).items())
+
+
 def window_stats(samples, windows) -> dict[str, dict] | None:
   """Per GPU index (as a string), medians of SM MHz, W and degC over the samples
   (t, gpu, MHz, W, degC) whose time falls inside any of `windows` ([(t0, t1), ...]), and their
@@ -84,6 +90,11 @@ class GpuMonitor:
     self._thread = None
     self._stop = threading.Event()
     self._lock = threading.Lock()
+
+  def off(self, reason: str) -> GpuMonitor:
+    """Not sampling, and why (describe() reports it)."""
+    self.status, self.reason = "off", reason
+    return self
 
   def start(self) -> GpuMonitor:
     try:
