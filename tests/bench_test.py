@@ -26,6 +26,10 @@ try:
 except ImportError:
   import test_util as tu
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
 from absl.testing import absltest  # noqa: E402
 
 from jax_distgemm._src import api  # noqa: E402
@@ -316,6 +320,20 @@ class BenchLibTest(absltest.TestCase):
                   bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 7, 16, 32).invalid_reason())
     self.assertIsNone(
         bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 8, 7, 32).invalid_reason())
+
+  def test_local_all_devices_matches_the_ideal(self):
+    # Our op at TP=1 on every device at once computes each device's share, as XLA's dot does.
+    devices = tu.cpu_devices(2)
+    mesh = Mesh(np.array(devices), ("tp",))
+    for s in (Schedule.AllGather1D_TilingCD_RotatingA, Schedule.ReduceScatter1D_TilingA_RotatingC):
+      case = bl.Case(s, 32, 16, 64, tp=2)
+      (x, w), = bl.stacked_ideal_sets(jax.random.key(0), 1, case, mesh)
+      ours = bl.local_all_devices_fn(case, mesh)(x, w)
+      ideal = bl.ideal_all_devices_fn(case, mesh)(x, w)
+      self.assertEqual(ours.shape, (2,) + case.ideal_shapes()[2])
+      self.assertEqual(ours.sharding.spec[0], "tp")
+      self.assertLess(bl.rel_err(ours, ideal), 1e-2)
+      self.assertGreater(float(jnp.abs(ours[1] - ours[0]).max()), 0)  # each device its own share
 
   def test_unsupported_implementation_is_reported(self):
     devices = tu.cpu_devices(2)

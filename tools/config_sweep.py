@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -139,6 +140,28 @@ def sweep_local_case(case, index, devices, opts, args, log, monitor=None):
           "tuning": runtime.describe_tuning()}
 
 
+def sweep_all_devices_case(case, index, devices, opts, args, log, monitor=None):
+  """--all-devices: one device's share of `case` (ideal_shapes) on every GPU at once, as our op
+  at TP=1 (stage kernels, bench_lib.local_all_devices_fn) against XLA's dot the same way
+  (ideal_all_devices_fn): both GPUs under load as in a whole call, with none of its
+  communication.  alpha = 1, beta = 0."""
+  case = dataclasses.replace(case, alpha=1.0, beta=0.0)
+  mesh = Mesh(np.array(devices), ("tp",))
+  key = jax.random.fold_in(jax.random.key(opts.seed), index)
+  xi, wi, _ = case.ideal_shapes()
+  nbytes = (math.prod(xi) + math.prod(wi)) * np.dtype(case.jdtype).itemsize  # per device
+  count = bench_lib.rotation_sets(nbytes, l2_bytes=opts.l2_bytes,
+                                  budget_bytes=opts.rotation_budget_bytes, max_sets=opts.max_sets)
+  sets = bench_lib.stacked_ideal_sets(jax.random.fold_in(key, 4), count, case, mesh)
+  xla = bench_lib.ideal_all_devices_fn(case, mesh).lower(*sets[0]).compile()
+  ours = bench_lib.local_all_devices_fn(case, mesh).lower(*sets[0]).compile()
+  named_envs = variants(args, fused_kernel=False, reduce_scatter=False)
+  rows = time_rows(f"{case.label} share on all", xla, sets, ours, sets, xla, named_envs, opts,
+                   log, monitor)
+  return {"case": case.as_dict(), "share_shape": [xi[-2], xi[-1], wi[-1]], "rows": rows,
+          "tuning": runtime.describe_tuning()}
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--cases", nargs="+", required=True, type=bench_lib.case_arg,
@@ -155,12 +178,17 @@ def main(argv=None):
                   help="an extra row NAME:KEY=VALUE[,KEY=VALUE...] (environment of our call)")
   ap.add_argument("--local", action="store_true",
                   help="time each case's stage GEMM alone on one GPU against XLA's dot")
+  ap.add_argument("--all-devices", action="store_true",
+                  help="time one device's share of each case on every GPU at once, our op at "
+                       "TP=1 against XLA's dot, no communication")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--target-repeat-ms", type=float, default=30.0)
   ap.add_argument("--heat-ms", type=bench_cli._non_negative_float, default=30.0,
                   help="untimed calls of a row before each of its repeats (bench's --heat-ms)")
   ap.add_argument("--json")
   args = ap.parse_args(argv)
+  if args.local and args.all_devices:
+    ap.error("--local and --all-devices are exclusive")
   devices, platform, note = bench_lib.select_devices(1 if args.local else 2)
   if note:
     print(note, file=sys.stderr)
@@ -180,7 +208,8 @@ def main(argv=None):
   clocks = lambda g: f"  | {gpu_monitor.format_stats(g)}" if g else ""
   try:
     for i, case in enumerate(bench_lib.parse_case(text) for text in args.cases):
-      sweep = sweep_local_case if args.local else sweep_case
+      sweep = (sweep_local_case if args.local else
+               sweep_all_devices_case if args.all_devices else sweep_case)
       results.append(sweep(case, i, devices, opts, args, log, monitor))
       rows = results[-1]["rows"]
       ranked = sorted((r["ms"], n) for n, r in rows.items() if r.get("ms") and n != "ideal")

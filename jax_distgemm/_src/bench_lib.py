@@ -478,6 +478,25 @@ def local_stage_fn(case: Case, device):
   return stage
 
 
+def local_all_devices_fn(case: Case, mesh: Mesh):
+  """Our op at TP=1 on every device of `mesh` at once: each runs one device's share
+  (ideal_shapes) as a single stage GEMM, no peers, no waits.  The counterpart of
+  ideal_all_devices_fn (same [TP, ...] stacked inputs on the mesh's "tp" axis), for telling the
+  kernel's cost under load on every GPU from the cost of the collective around it."""
+  import jax_distgemm  # noqa: PLC0415 - bench_lib is imported by the package's own tooling
+
+  # A size-1 axis inside the stacked one: the op's group is one device.
+  mesh1 = Mesh(np.asarray(mesh.devices).reshape(-1, 1), ("tp", "one"))
+
+  def body(x, w):
+    return jax_distgemm.distributed_matmul(
+        x[0], w[0], axis_name="one", schedule=Schedule.AllGather1D_TilingCD_RotatingA,
+        implementation="ffi", out_dtype=case.jdtype)[None]
+
+  return jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=(P("tp"), P("tp")),
+                               out_specs=P("tp"), check_vma=False))
+
+
 # -- Timing -----------------------------------------------------------------------------------------
 
 def _describe(e: BaseException) -> str:
