@@ -17,9 +17,9 @@ namespace jax_distgemm::cuda {
 namespace {
 
 // (device, A/B type, D type, has C, m, n, k, batch, B shared across the batch, fused stages,
-// tuning mode, JAX_DISTGEMM_TUNE_HEAT_MS or -1, runoff enabled)
-using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int, int,
-                       int, bool>;
+// tuning mode, JAX_DISTGEMM_TUNE_HEAT_MS or -1)
+using Key =
+    std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
 struct Choice {
   GemmConfig config;
   int swizzle;
@@ -108,26 +108,10 @@ float TurnHeatMs(int override_ms, float one_launch_ms) {
 constexpr float kTrialMs = 5.f;
 constexpr int kRounds = 3;
 
-// The runoff (sustained mode, launches >= kRunoffMinLaunchMs): the kRunoffFinalists fastest
-// variants run again in kRunoffRounds interleaved rounds of kRunoffHeatMs untimed, then
-// >= kRunoffTrialMs timed.  Seed-shape launches take 20-45 ms, so the 100 ms turn heat is 2-5
-// launches, and at the cap the tuner's choice (Cooperative 128x256 2x1) sustained 1.5-2.5% less
-// than the best variant forced with 1 s of heat (docs/performance.md, N2).  ~10 s per seed
-// shape.  JAX_DISTGEMM_TUNE_RUNOFF=0 skips it.
-constexpr float kRunoffMinLaunchMs = 5.f;
-constexpr int kRunoffFinalists = 3;
-constexpr int kRunoffRounds = 3;
-constexpr float kRunoffHeatMs = 1000.f;
-constexpr float kRunoffTrialMs = 150.f;
-bool RunoffEnabled(TuneMode mode) {
-  return mode == kSustained && !EnvEquals("JAX_DISTGEMM_TUNE_RUNOFF", "0");
-}
-
-Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override, bool runoff) {
+Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override) {
   return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
              g.ops.c != nullptr, g.ops.m, g.ops.n, g.ops.k, g.ops.batch,
-             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), heat_override,
-             runoff};
+             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), heat_override};
 }
 
 GemmLaunch TrialLaunch(GemmLaunch g) {
@@ -207,8 +191,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   }
   const TuneMode mode = ReadTuneMode();
   const int heat_override = TurnHeatOverride(mode);
-  const bool runoff = RunoffEnabled(mode);
-  const Key key = MakeKey(g, mode, heat_override, runoff);
+  const Key key = MakeKey(g, mode, heat_override);
   {
     std::lock_guard<std::mutex> lock(Mu());
     auto it = Cache().find(key);
@@ -249,21 +232,19 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
                  v.ms > 0.f ? 2e-9 * g.ops.m * g.ops.n * g.ops.k * g.ops.batch / v.ms : 0.0);
   };
   float turn_heat_ms = 0.f;  // sustained: set from the first launch below
-  float trial_ms = kTrialMs;   // the runoff lengthens these three
-  int rounds = kRounds;
   // Times `vs` in place: burst, or (sustained, coarse) one launch that sizes the turns, then
-  // `rounds` interleaved rounds of turns (sustained: an untimed part, then the timed launches).
+  // kRounds interleaved rounds of turns (sustained: an untimed part, then the timed launches).
   auto time_all = [&](std::vector<Variant>& vs) {
     if (mode == kBurst) {
       for (Variant& v : vs) v.ms = TimeBurst(make(v), stream, start, stop);
     } else {
       for (Variant& v : vs) {
         const float one = TimeLaunches(make(v), 1, stream, start, stop);
-        v.count = one > 0.f ? LaunchesFor(one, trial_ms, 2) : 0;
+        v.count = one > 0.f ? LaunchesFor(one, kTrialMs, 2) : 0;
         v.heat = one > 0.f && turn_heat_ms > 0.f ? LaunchesFor(one, turn_heat_ms, 1) : 0;
         v.ms = -1.f;
       }
-      for (int round = 0; round < rounds; ++round) {
+      for (int round = 0; round < kRounds; ++round) {
         for (Variant& v : vs) {
           if (v.count == 0) continue;
           const GemmLaunch launch = make(v);
@@ -282,13 +263,10 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // two fastest configs only: 7 + 2 x 8 variants, 3 launches each in burst mode; coarse
   // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
   // stage: ~4 s in all); sustained mode adds the turn heat (>= 1 launch) to each turn (seed
-  // shape, estimated from launch counts: ~11 s for a stage, ~14 s for the fused two-stage grid),
-  // and the runoff below ~10 s more at seed shapes.
-  float first_launch_ms = 0.f;
+  // shape, estimated from launch counts: ~11 s for a stage, ~14 s for the fused two-stage grid).
   if (mode != kBurst) {
     Variant heat{configs[0], 0, 1};
     const float one = TimeLaunches(make(heat), 1, stream, start, stop);
-    first_launch_ms = std::max(one, 0.f);
     if (mode == kSustained) turn_heat_ms = TurnHeatMs(heat_override, std::max(one, 0.f));
     if (one > 0.f) {
       TimeLaunches(make(heat), std::clamp(static_cast<int>(kHeatMs / one), 1, 10000), stream,
@@ -319,18 +297,6 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   for (const Variant& v : second) {
     if (v.ms > 0.f) all.push_back(v);
   }
-  // Runoff: the finalists again, each turn long enough for the power limiter to settle.
-  if (runoff && first_launch_ms >= kRunoffMinLaunchMs && all.size() > 1) {
-    std::sort(all.begin(), all.end(),
-              [](const Variant& a, const Variant& b) { return a.ms < b.ms; });
-    all.resize(std::min<size_t>(all.size(), kRunoffFinalists));
-    turn_heat_ms = kRunoffHeatMs;
-    trial_ms = kRunoffTrialMs;
-    rounds = kRunoffRounds;
-    time_all(all);
-    all.erase(std::remove_if(all.begin(), all.end(), [](const Variant& v) { return v.ms <= 0.f; }),
-              all.end());
-  }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaGetLastError();
@@ -360,7 +326,6 @@ std::string DescribeTuning() {
     if (std::get<10>(k) == kSustained && std::get<11>(k) >= 0) {
       s << " (turn heat " << std::get<11>(k) << " ms)";
     }
-    if (std::get<10>(k) == kSustained && !std::get<12>(k)) s << " (no runoff)";
     s << ": " << GemmConfigName(c.config)
       << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
       << " ms)\n";
