@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -148,16 +147,13 @@ def sweep_all_devices_case(case, index, devices, opts, args, log, monitor=None):
   case = dataclasses.replace(case, alpha=1.0, beta=0.0)
   mesh = Mesh(np.array(devices), ("tp",))
   key = jax.random.fold_in(jax.random.key(opts.seed), index)
-  xi, wi, _ = case.ideal_shapes()
-  nbytes = (math.prod(xi) + math.prod(wi)) * np.dtype(case.jdtype).itemsize  # per device
-  count = bench_lib.rotation_sets(nbytes, l2_bytes=opts.l2_bytes,
-                                  budget_bytes=opts.rotation_budget_bytes, max_sets=opts.max_sets)
-  sets = bench_lib.stacked_ideal_sets(jax.random.fold_in(key, 4), count, case, mesh)
+  sets = bench_lib.stacked_rotating_sets(jax.random.fold_in(key, 4), case, mesh, opts)
   xla = bench_lib.ideal_all_devices_fn(case, mesh).lower(*sets[0]).compile()
   ours = bench_lib.local_all_devices_fn(case, mesh).lower(*sets[0]).compile()
   named_envs = variants(args, fused_kernel=False, reduce_scatter=False)
   rows = time_rows(f"{case.label} share on all", xla, sets, ours, sets, xla, named_envs, opts,
                    log, monitor)
+  xi, wi, _ = case.ideal_shapes()
   return {"case": case.as_dict(), "share_shape": [xi[-2], xi[-1], wi[-1]], "rows": rows,
           "tuning": runtime.describe_tuning()}
 

@@ -370,6 +370,16 @@ def stacked_ideal_sets(key, count: int, case: Case, mesh: Mesh):
                    (tp,) + tuple(oi) if case.beta != 0 else None, case.jdtype, (stacked,) * 3)
 
 
+def stacked_rotating_sets(key, case: Case, mesh: Mesh, opts: Options):
+  """stacked_ideal_sets with as many sets as rotation_sets gives one device's share (x and w;
+  beta == 0): the tools' way to draw ideal_all_devices_fn's inputs, as rotating_sets is."""
+  xi, wi, _ = case.ideal_shapes()
+  count = rotation_sets(_nbytes(xi, case.jdtype) + _nbytes(wi, case.jdtype),
+                        l2_bytes=opts.l2_bytes, budget_bytes=opts.rotation_budget_bytes,
+                        max_sets=opts.max_sets)
+  return stacked_ideal_sets(key, count, case, mesh)
+
+
 # -- Implementations --------------------------------------------------------------------------------
 
 def distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
@@ -464,8 +474,6 @@ def local_stage_fn(case: Case, device):
   """Our stage GEMM of `case` alone: the fused op at TP=1 on `device`.  With a single rank its
   schedule is exactly one stage GEMM (autotuned like every stage), no peers, no waits.  Timed
   interleaved with XLA's dot on the same stage-shaped operands (the local-GEMM ratio)."""
-  import jax_distgemm  # noqa: PLC0415 - bench_lib is imported by the package's own tooling
-
   mesh1 = Mesh(np.array([device]), ("tp",))
 
   def stage(x, w):
@@ -483,8 +491,6 @@ def local_all_devices_fn(case: Case, mesh: Mesh):
   (ideal_shapes) as a single stage GEMM, no peers, no waits.  The counterpart of
   ideal_all_devices_fn (same [TP, ...] stacked inputs on the mesh's "tp" axis), for telling the
   kernel's cost under load on every GPU from the cost of the collective around it."""
-  import jax_distgemm  # noqa: PLC0415 - bench_lib is imported by the package's own tooling
-
   # A size-1 axis inside the stacked one: the op's group is one device.
   mesh1 = Mesh(np.asarray(mesh.devices).reshape(-1, 1), ("tp", "one"))
 
