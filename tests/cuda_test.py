@@ -291,6 +291,29 @@ class CudaFusedStagesTest(parameterized.TestCase):
       os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
 
 
+class CudaLongGridTest(absltest.TestCase):
+  """A fused AllGather grid of >= 20 ms per launch is tuned among the cluster-less Cooperative
+  128x256 variants only (autotune.cc, kLongGridMs; docs/performance.md N2-N4)."""
+
+  def test_long_allgather_grid_is_tuned_without_clusters(self):
+    # Per device: the fused grid of 16384 x 40960 x 16384, ~28-33 ms on an H200.
+    m, k, n = 16384, 16384, 81920
+    kx, kw = jax.random.split(jax.random.key(7))
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
+    module = ffi_modules.module_for("cuda")
+    with new_tuning_lines(module) as tuned:
+      f, args = run_global(Schedule.AllGather1D_TilingCD_RotatingA, x, w)
+      out = jax.device_put(f(*args), GPUS[0])
+    ref = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    err = jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)
+    self.assertLess(float(err), 1e-2)
+    fused = [line for line in tuned if "fused stages=2" in line]
+    self.assertLen(fused, TP, tuned)
+    for line in fused:
+      self.assertIn("Cooperative 128x256x64 cluster 1x1", line)
+
+
 def check_alternating_calls(test, shapes, seed):
   """200 back-to-back ReduceScatter (TilingA) calls alternating two shapes, nothing blocking in
   between (slots, flags and pointer tables cycle through both parities): the first two and the

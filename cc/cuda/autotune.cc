@@ -17,9 +17,9 @@ namespace jax_distgemm::cuda {
 namespace {
 
 // (device, A/B type, D type, has C, m, n, k, batch, B shared across the batch, fused stages,
-// tuning mode, JAX_DISTGEMM_TUNE_HEAT_MS or -1)
-using Key =
-    std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
+// tuning mode, JAX_DISTGEMM_TUNE_HEAT_MS or -1, the long-grid rule enabled)
+using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int, int,
+                       int, bool>;
 struct Choice {
   GemmConfig config;
   int swizzle;
@@ -108,10 +108,25 @@ float TurnHeatMs(int override_ms, float one_launch_ms) {
 constexpr float kTrialMs = 5.f;
 constexpr int kRounds = 3;
 
-Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override) {
+// Long AllGather grids: a fused AllGather grid whose first trial launch takes at least
+// kLongGridMs is tuned among the cluster-less Cooperative 128x256 variants only (rasters x
+// swizzles).  NOTE: a measured preference, not a timing: at the seed AllGather (41-45 ms grids)
+// that tile sustained 0.5-4.3% more than the 2x1-cluster tile in whole calls in every run on
+// 2x H200, while the tuner, timing the grid alone even in 1 s turns, ranked the 2x1 tile ~1%
+// ahead (docs/performance.md, N2-N4).  ReduceScatter and stage launches keep the full tuner
+// (there its choice was the best row).  JAX_DISTGEMM_LONG_GRID_ALL_CONFIGS=1 turns it off.
+constexpr float kLongGridMs = 20.f;
+constexpr GemmConfig kLongGridConfig = GemmConfig::kCoop128x256_C1x1;
+bool LongGridRuleEnabled() { return !EnvFlag("JAX_DISTGEMM_LONG_GRID_ALL_CONFIGS"); }
+bool IsLongAllGatherGrid(const GemmLaunch& g, float one_launch_ms) {
+  return g.fused.count > 0 && !g.fused.stage_beta && one_launch_ms >= kLongGridMs;
+}
+
+Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override, bool long_grid_rule) {
   return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
              g.ops.c != nullptr, g.ops.m, g.ops.n, g.ops.k, g.ops.batch,
-             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), heat_override};
+             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), heat_override,
+             long_grid_rule};
 }
 
 GemmLaunch TrialLaunch(GemmLaunch g) {
@@ -191,7 +206,8 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   }
   const TuneMode mode = ReadTuneMode();
   const int heat_override = TurnHeatOverride(mode);
-  const Key key = MakeKey(g, mode, heat_override);
+  const bool long_grid_rule = LongGridRuleEnabled();
+  const Key key = MakeKey(g, mode, heat_override, long_grid_rule);
   {
     std::lock_guard<std::mutex> lock(Mu());
     auto it = Cache().find(key);
@@ -264,17 +280,24 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
   // stage: ~4 s in all); sustained mode adds the turn heat (>= 1 launch) to each turn (seed
   // shape, estimated from launch counts: ~11 s for a stage, ~14 s for the fused two-stage grid).
-  if (mode != kBurst) {
+  float first_launch_ms = 0.f;
+  {
     Variant heat{configs[0], 0, 1};
-    const float one = TimeLaunches(make(heat), 1, stream, start, stop);
-    if (mode == kSustained) turn_heat_ms = TurnHeatMs(heat_override, std::max(one, 0.f));
-    if (one > 0.f) {
-      TimeLaunches(make(heat), std::clamp(static_cast<int>(kHeatMs / one), 1, 10000), stream,
-                   start, stop);
+    first_launch_ms = std::max(TimeLaunches(make(heat), 1, stream, start, stop), 0.f);
+    if (mode == kSustained) turn_heat_ms = TurnHeatMs(heat_override, first_launch_ms);
+    if (mode != kBurst && first_launch_ms > 0.f) {
+      TimeLaunches(make(heat), std::clamp(static_cast<int>(kHeatMs / first_launch_ms), 1, 10000),
+                   stream, start, stop);
     }
   }
+  int candidates = n;
+  if (long_grid_rule && IsLongAllGatherGrid(g, first_launch_ms) &&
+      std::find(configs, configs + n, kLongGridConfig) != configs + n) {
+    configs[0] = kLongGridConfig;
+    candidates = 1;
+  }
   std::vector<Variant> first;
-  for (int i = 0; i < n; ++i) first.push_back(Variant{configs[i], 0, 1});
+  for (int i = 0; i < candidates; ++i) first.push_back(Variant{configs[i], 0, 1});
   time_all(first);
   std::vector<Variant> all;
   for (const Variant& v : first) {
@@ -326,6 +349,7 @@ std::string DescribeTuning() {
     if (std::get<10>(k) == kSustained && std::get<11>(k) >= 0) {
       s << " (turn heat " << std::get<11>(k) << " ms)";
     }
+    if (!std::get<12>(k)) s << " (every config for long grids)";
     s << ": " << GemmConfigName(c.config)
       << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
       << " ms)\n";
