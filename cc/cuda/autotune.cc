@@ -130,7 +130,10 @@ constexpr int kRounds = 3;
 // ~1% ahead (docs/performance.md, N2-N4).  The call is the only place that ranks them as the
 // call runs.  Both devices of a group count the same calls, so they run the same candidate at
 // the same time.  NOTE: no host sync: the events are read when done, at later calls; the
-// tuner's choice runs until the last ones are.  JAX_DISTGEMM_CALL_TRIAL=0 turns trials off.
+// tuner's choice runs until the last ones are.  NOTE: a timed call records an event right
+// before the grid, which may keep the grid from overlapping the previous kernel's tail
+// (programmatic dependent launch): both candidates' timed calls alike.
+// JAX_DISTGEMM_CALL_TRIAL=0 turns trials off.
 constexpr float kCallTrialMinMs = 20.f;
 constexpr float kCallTrialHeatMs = 1000.f;
 constexpr float kCallTrialTimedMs = 300.f;
