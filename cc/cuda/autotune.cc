@@ -530,7 +530,10 @@ std::string DescribeTuning() {
     s << ": " << GemmConfigName(c.config)
       << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
       << " ms)";
-    if (Trials().count(k)) s << "; call trial running";
+    if (auto t = Trials().find(k); t != Trials().end()) {
+      s << "; call trial running (call " << t->second.calls << " of "
+        << 2 * kCallTrialRounds * (t->second.heat_calls + t->second.timed_calls) << ")";
+    }
     if (c.call_ms[0] > 0.f || c.call_ms[1] > 0.f) {
       s << "; call trial: tuner's choice " << c.call_ms[0] << " ms, challenger " << c.call_ms[1]
         << " ms per call";
