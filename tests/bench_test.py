@@ -321,6 +321,29 @@ class BenchLibTest(absltest.TestCase):
     self.assertIsNone(
         bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 8, 7, 32).invalid_reason())
 
+  def test_settle_call_trials_runs_until_the_verdict(self):
+    calls = {"n": 0}
+
+    def describe(progressing, total=8):
+      done = calls["n"] * 4 >= total
+      call = min(calls["n"] * 4, total) if progressing else 0
+      return "device 0 ...: ok" if done and progressing else (
+          f"device 0 ...; call trial running (call {call} of {total})")
+
+    def batch():
+      calls["n"] += 1
+
+    for progressing, want in ((True, 2), (False, 1)):
+      calls["n"] = 0
+      with mock.patch.object(bl.runtime, "describe_tuning",
+                             side_effect=lambda p=progressing: describe(p)):
+        bl.settle_call_trials(batch)
+      self.assertEqual(calls["n"], want)  # a row that feeds no trial stops after one batch
+    calls["n"] = 0
+    with mock.patch.object(bl.runtime, "describe_tuning", return_value="device 0 ...: ok"):
+      bl.settle_call_trials(batch)
+    self.assertEqual(calls["n"], 0)
+
   def test_local_all_devices_matches_the_ideal(self):
     # Our op at TP=1 on every device at once computes each device's share, as XLA's dot does.
     devices = tu.cpu_devices(2)

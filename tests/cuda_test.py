@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 
 os.environ.setdefault("JAX_DISTGEMM_POISON_OUTPUT", "1")
@@ -289,6 +290,59 @@ class CudaFusedStagesTest(parameterized.TestCase):
         self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
     finally:
       os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
+
+
+class CudaCallTrialTest(absltest.TestCase):
+  """A fused AllGather grid of >= 20 ms per launch: once tuned, its next calls alternate between
+  the tuner's choice and the cluster-less Cooperative 128x256 tile, timed in the call, and the
+  faster in calls is kept (autotune.cc, "Call trials"; docs/performance.md N2-N4)."""
+
+  def test_long_allgather_grid_runs_a_call_trial(self):
+    # Per device: the fused grid of 16384 x 40960 x 16384, ~28-33 ms on an H200.
+    m, k, n = 16384, 16384, 81920
+    kx, kw = jax.random.split(jax.random.key(7))
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
+    ref = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+
+    def check(out, what):
+      out = jax.device_put(out, GPUS[0]).astype(jnp.float32)
+      err = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+      self.assertLess(err, 1e-2, what)
+
+    module = ffi_modules.module_for("cuda")
+    with new_tuning_lines(module) as tuned:
+      f, args = run_global(Schedule.AllGather1D_TilingCD_RotatingA, x, w)
+      check(f(*args), "first call")
+    fused = [line for line in tuned if "fused stages=2" in line]
+    self.assertLen(fused, TP, tuned)
+    trials = sum("call trial running" in line for line in fused)
+    for line in fused:  # a trial unless the tuner already chose the cluster-less tile
+      self.assertNotEqual("call trial running" in line,
+                          "Cooperative 128x256x64 cluster 1x1" in line, line)
+    if not trials:
+      return
+    # The schedule: 2 candidates x 2 rounds x (1 s untimed + >= 300 ms timed) of calls.
+    deadline = time.time() + 120
+    while any("call trial running" in line for line in module.describe_tuning().splitlines()
+              if "fused stages=2" in line and "n=40960" in line) and time.time() < deadline:
+      for _ in range(20):
+        out = f(*args)
+      out.block_until_ready()
+    check(out, "after the trial")
+    done = [line for line in module.describe_tuning().splitlines()
+            if "fused stages=2" in line and "n=40960" in line]
+    self.assertLen(done, TP, done)
+    for line in done:
+      got = re.search(r"call trial: tuner's choice ([0-9.]+) ms, challenger ([0-9.]+) ms", line)
+      if got is None:  # this device's tuner chose the cluster-less tile itself
+        self.assertIn("Cooperative 128x256x64 cluster 1x1", line)
+        continue
+      tuned_ms, challenger_ms = float(got.group(1)), float(got.group(2))
+      self.assertGreater(tuned_ms, 0, line)
+      self.assertGreater(challenger_ms, 0, line)
+      self.assertEqual(challenger_ms < tuned_ms, "Cooperative 128x256x64 cluster 1x1" in
+                       line.split("call trial")[0], line)
 
 
 def check_alternating_calls(test, shapes, seed):

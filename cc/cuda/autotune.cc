@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -17,14 +18,24 @@ namespace jax_distgemm::cuda {
 namespace {
 
 // (device, A/B type, D type, has C, m, n, k, batch, B shared across the batch, fused stages,
-// tuning mode, JAX_DISTGEMM_TUNE_HEAT_MS or -1)
-using Key =
-    std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int, int, int>;
+// tuning mode, JAX_DISTGEMM_TUNE_HEAT_MS or -1, call trials enabled)
+using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, bool, int, int,
+                       int, bool>;
+struct Variant {
+  GemmConfig config;
+  int raster, swizzle;
+  int count = 1;  // timed launches per turn (sustained, coarse)
+  int heat = 0;  // untimed launches before them (sustained)
+  float ms = -1.f;  // best so far; < 0: failed or not timed
+};
 struct Choice {
   GemmConfig config;
   int swizzle;
   int raster;  // GemmLaunch::raster: 1 along M, 2 along N
   float ms;
+  // A call trial's verdict (below): ms per call in calls of the tuner's choice and of the
+  // challenger; < 0: no trial.
+  float call_ms[2] = {-1.f, -1.f};
 };
 
 const char* RasterName(int raster) {
@@ -108,10 +119,53 @@ float TurnHeatMs(int override_ms, float one_launch_ms) {
 constexpr float kTrialMs = 5.f;
 constexpr int kRounds = 3;
 
-Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override) {
+// -- Call trials: long AllGather grids ----------------------------------------------------------
+// A fused AllGather grid whose first trial launch takes >= kCallTrialMinMs: once tuned, if the
+// tuner's choice has a cluster and a cluster-less Cooperative 128x256 variant was timed too,
+// the next calls alternate between the two in turns (kCallTrialHeatMs of calls untimed, then
+// >= kCallTrialTimedMs timed by events around the grid), kCallTrialRounds rounds each; the
+// lower best-round median wins and is cached.  Why: at the seed AllGather (41-45 ms grids) the
+// cluster-less tile sustained 0.5-4.3% more than the tuner's 2x1-cluster choice in whole calls
+// in every run on 2x H200, while timing the grid alone, even in 1 s turns, ranked the 2x1 tile
+// ~1% ahead (docs/performance.md, N2-N4).  The call is the only place that ranks them as the
+// call runs.  Both devices of a group count the same calls, so they run the same candidate at
+// the same time.  NOTE: no host sync: the events are read when done, at later calls; the
+// tuner's choice runs until the last ones are.  NOTE: a timed call records an event right
+// before the grid, which may keep the grid from overlapping the previous kernel's tail
+// (programmatic dependent launch): both candidates' timed calls alike.
+// JAX_DISTGEMM_CALL_TRIAL=0 turns trials off.
+constexpr float kCallTrialMinMs = 20.f;
+constexpr float kCallTrialHeatMs = 1000.f;
+constexpr float kCallTrialTimedMs = 300.f;
+constexpr int kCallTrialRounds = 2;
+constexpr GemmConfig kChallengerConfig = GemmConfig::kCoop128x256_C1x1;
+bool CallTrialsEnabled() { return !EnvEquals("JAX_DISTGEMM_CALL_TRIAL", "0"); }
+bool IsLongAllGatherGrid(const GemmLaunch& g, float one_launch_ms) {
+  return g.fused.count > 0 && !g.fused.stage_beta && one_launch_ms >= kCallTrialMinMs;
+}
+
+struct CallTrial {
+  Variant candidate[2];  // [0] the tuner's choice, [1] the challenger
+  int heat_calls = 0, timed_calls = 0;  // per turn
+  int64_t calls = 0;  // calls scheduled so far
+  std::vector<float> samples[2][kCallTrialRounds];  // ms per timed call
+  struct Slot {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    int candidate = 0, round = 0;
+    bool pending = false;
+  };
+  std::deque<Slot> slots;  // timed calls; deque: CallTiming points into it
+};
+std::map<Key, CallTrial>& Trials() {
+  static auto* t = new std::map<Key, CallTrial>();
+  return *t;
+}
+
+Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override, bool call_trials) {
   return Key{g.device, static_cast<int>(g.ab_type), static_cast<int>(g.d_type),
              g.ops.c != nullptr, g.ops.m, g.ops.n, g.ops.k, g.ops.batch,
-             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), heat_override};
+             g.ops.batch_stride_b == 0, g.fused.count, static_cast<int>(mode), heat_override,
+             call_trials};
 }
 
 GemmLaunch TrialLaunch(GemmLaunch g) {
@@ -191,7 +245,8 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   }
   const TuneMode mode = ReadTuneMode();
   const int heat_override = TurnHeatOverride(mode);
-  const Key key = MakeKey(g, mode, heat_override);
+  const bool call_trials = CallTrialsEnabled();
+  const Key key = MakeKey(g, mode, heat_override, call_trials);
   {
     std::lock_guard<std::mutex> lock(Mu());
     auto it = Cache().find(key);
@@ -205,13 +260,6 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  struct Variant {
-    GemmConfig config;
-    int raster, swizzle;
-    int count = 1;  // timed launches per turn (sustained, coarse)
-    int heat = 0;  // untimed launches before them (sustained)
-    float ms = -1.f;  // best so far; < 0: failed or not timed
-  };
   auto make = [&](const Variant& v) {
     GemmLaunch t = g;
     t.config = v.config;
@@ -264,15 +312,19 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
   // stage: ~4 s in all); sustained mode adds the turn heat (>= 1 launch) to each turn (seed
   // shape, estimated from launch counts: ~11 s for a stage, ~14 s for the fused two-stage grid).
-  if (mode != kBurst) {
+  float first_launch_ms = 0.f;
+  {
     Variant heat{configs[0], 0, 1};
-    const float one = TimeLaunches(make(heat), 1, stream, start, stop);
-    if (mode == kSustained) turn_heat_ms = TurnHeatMs(heat_override, std::max(one, 0.f));
-    if (one > 0.f) {
-      TimeLaunches(make(heat), std::clamp(static_cast<int>(kHeatMs / one), 1, 10000), stream,
-                   start, stop);
+    first_launch_ms = std::max(TimeLaunches(make(heat), 1, stream, start, stop), 0.f);
+    if (mode == kSustained) turn_heat_ms = TurnHeatMs(heat_override, first_launch_ms);
+    if (mode != kBurst && first_launch_ms > 0.f) {
+      TimeLaunches(make(heat), std::clamp(static_cast<int>(kHeatMs / first_launch_ms), 1, 10000),
+                   stream, start, stop);
     }
   }
+  // A long AllGather grid's call trial needs the challenger's variants timed in round two.
+  const bool trial = call_trials && IsLongAllGatherGrid(g, first_launch_ms) &&
+                     std::find(configs, configs + n, kChallengerConfig) != configs + n;
   std::vector<Variant> first;
   for (int i = 0; i < n; ++i) first.push_back(Variant{configs[i], 0, 1});
   time_all(first);
@@ -282,14 +334,20 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   }
   std::sort(all.begin(), all.end(),
             [](const Variant& a, const Variant& b) { return a.ms < b.ms; });
+  std::vector<GemmConfig> finalists;
+  for (size_t i = 0; i < all.size() && i < 2; ++i) finalists.push_back(all[i].config);
+  if (trial && std::find(finalists.begin(), finalists.end(), kChallengerConfig) ==
+                   finalists.end()) {
+    finalists.push_back(kChallengerConfig);
+  }
   std::vector<Variant> second;
-  for (size_t i = 0; i < all.size() && i < 2; ++i) {
+  for (GemmConfig config : finalists) {
     // Sustained and coarse: the round-one finalists run again here, so that the final
     // comparison is between variants timed in the same rounds (a GPU heats up between the
     // phases).
-    if (mode != kBurst) second.push_back(Variant{all[i].config, 0, 1});
+    if (mode != kBurst) second.push_back(Variant{config, 0, 1});
     for (int raster : {1, 2}) {
-      for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{all[i].config, raster, swizzle});
+      for (int swizzle : {1, 2, 4, 8}) second.push_back(Variant{config, raster, swizzle});
     }
   }
   time_all(second);
@@ -301,16 +359,158 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   cudaEventDestroy(stop);
   cudaGetLastError();
   if (all.empty()) return "every stage GEMM configuration failed to launch for this shape";
-  const Variant best = *std::min_element(
-      all.begin(), all.end(), [](const Variant& a, const Variant& b) { return a.ms < b.ms; });
+  auto faster = [](const Variant& a, const Variant& b) { return a.ms < b.ms; };
+  const Variant best = *std::min_element(all.begin(), all.end(), faster);
+  std::vector<Variant> challengers;
+  for (const Variant& v : all) {
+    if (v.config == kChallengerConfig) challengers.push_back(v);
+  }
   {
     std::lock_guard<std::mutex> lock(Mu());
     Cache()[key] = Choice{best.config, best.swizzle, best.raster, best.ms};
+    if (trial && best.config != kChallengerConfig && !challengers.empty()) {
+      CallTrial& t = Trials()[key];
+      t.candidate[0] = best;
+      t.candidate[1] = *std::min_element(challengers.begin(), challengers.end(), faster);
+      t.heat_calls = LaunchesFor(best.ms, kCallTrialHeatMs, 1);
+      t.timed_calls = LaunchesFor(best.ms, kCallTrialTimedMs, 3);
+    }
   }
   g.config = best.config;
   g.max_swizzle = best.swizzle;
   g.raster = best.raster;
   return "";
+}
+
+namespace {
+
+// Reads the finished events of `t` (never waits); false while some are still in flight.
+bool Harvest(CallTrial& t) {
+  bool all_done = true;
+  for (CallTrial::Slot& slot : t.slots) {
+    if (!slot.pending) continue;
+    if (cudaEventQuery(slot.stop) != cudaSuccess) {
+      cudaGetLastError();  // cudaErrorNotReady is not an error here
+      all_done = false;
+      continue;
+    }
+    float ms = 0.f;
+    if (cudaEventElapsedTime(&ms, slot.start, slot.stop) == cudaSuccess && ms > 0.f) {
+      t.samples[slot.candidate][slot.round].push_back(ms);
+    }
+    slot.pending = false;
+  }
+  return all_done;
+}
+
+float Median(std::vector<float> v) {
+  if (v.empty()) return -1.f;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// The lower of the candidates' best-round medians: the verdict, cached in place of the tuner's.
+void Decide(const Key& key, CallTrial& t) {
+  float best_ms[2] = {-1.f, -1.f};
+  for (int c = 0; c < 2; ++c) {
+    for (int r = 0; r < kCallTrialRounds; ++r) {
+      const float ms = Median(t.samples[c][r]);
+      if (ms > 0.f && (best_ms[c] < 0.f || ms < best_ms[c])) best_ms[c] = ms;
+    }
+  }
+  const int winner = best_ms[1] > 0.f && (best_ms[0] < 0.f || best_ms[1] < best_ms[0]) ? 1 : 0;
+  const Variant& v = t.candidate[winner];
+  Choice choice{v.config, v.swizzle, v.raster, v.ms};
+  choice.call_ms[0] = best_ms[0];
+  choice.call_ms[1] = best_ms[1];
+  Cache()[key] = choice;
+  for (CallTrial::Slot& slot : t.slots) {
+    cudaEventDestroy(slot.start);
+    cudaEventDestroy(slot.stop);
+  }
+  if (LogTuning()) {
+    std::fprintf(stderr,
+                 "jax_distgemm call trial: device %d m=%lld n=%lld k=%lld: %s raster %s swizzle "
+                 "%d %.4f ms per call, %s raster %s swizzle %d %.4f ms per call: the %s\n",
+                 std::get<0>(key), static_cast<long long>(std::get<4>(key)),
+                 static_cast<long long>(std::get<5>(key)),
+                 static_cast<long long>(std::get<6>(key)), GemmConfigName(t.candidate[0].config),
+                 RasterName(t.candidate[0].raster), t.candidate[0].swizzle, best_ms[0],
+                 GemmConfigName(t.candidate[1].config), RasterName(t.candidate[1].raster),
+                 t.candidate[1].swizzle, best_ms[1], winner ? "challenger" : "tuner's choice");
+  }
+}
+
+}  // namespace
+
+CallTiming BeginCall(GemmLaunch& g, cudaStream_t stream) {
+  CallTiming timing;
+  if (g.fused.count == 0) return timing;  // trials are for fused grids only
+  const TuneMode mode = ReadTuneMode();
+  const Key key = MakeKey(g, mode, TurnHeatOverride(mode), CallTrialsEnabled());
+  std::lock_guard<std::mutex> lock(Mu());
+  auto it = Trials().find(key);
+  if (it == Trials().end()) return timing;
+  CallTrial& t = it->second;
+  const bool all_done = Harvest(t);
+  const int per_turn = t.heat_calls + t.timed_calls;
+  const int64_t turn = t.calls / per_turn;
+  if (turn >= 2 * kCallTrialRounds) {  // schedule over: decide once every event is read
+    if (all_done) {
+      Decide(key, t);
+      const Choice& c = Cache()[key];
+      g.config = c.config;
+      g.max_swizzle = c.swizzle;
+      g.raster = c.raster;
+      Trials().erase(it);
+    }
+    return timing;  // meanwhile the tuner's choice, as ChooseConfig set it
+  }
+  const int candidate = static_cast<int>(turn % 2);
+  const int round = static_cast<int>(turn / 2);
+  const bool timed = t.calls % per_turn >= t.heat_calls;
+  ++t.calls;
+  const Variant& v = t.candidate[candidate];
+  g.config = v.config;
+  g.max_swizzle = v.swizzle;
+  g.raster = v.raster;
+  if (!timed) return timing;
+  CallTrial::Slot* slot = nullptr;
+  for (CallTrial::Slot& s : t.slots) {
+    if (!s.pending) {
+      slot = &s;
+      break;
+    }
+  }
+  if (slot == nullptr) {
+    CallTrial::Slot fresh;
+    if (cudaEventCreate(&fresh.start) != cudaSuccess ||
+        cudaEventCreate(&fresh.stop) != cudaSuccess) {
+      cudaGetLastError();
+      return timing;  // this call untimed
+    }
+    t.slots.push_back(fresh);
+    slot = &t.slots.back();
+  }
+  if (cudaEventRecord(slot->start, stream) != cudaSuccess) {
+    cudaGetLastError();
+    return timing;
+  }
+  slot->candidate = candidate;
+  slot->round = round;
+  timing.stop = slot->stop;
+  timing.pending = &slot->pending;
+  return timing;
+}
+
+void EndCall(const CallTiming& timing, cudaStream_t stream) {
+  if (timing.stop == nullptr) return;
+  std::lock_guard<std::mutex> lock(Mu());
+  if (cudaEventRecord(timing.stop, stream) == cudaSuccess) {
+    *timing.pending = true;
+  } else {
+    cudaGetLastError();
+  }
 }
 
 std::string DescribeTuning() {
@@ -326,9 +526,19 @@ std::string DescribeTuning() {
     if (std::get<10>(k) == kSustained && std::get<11>(k) >= 0) {
       s << " (turn heat " << std::get<11>(k) << " ms)";
     }
+    if (!std::get<12>(k)) s << " (no call trials)";
     s << ": " << GemmConfigName(c.config)
       << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
-      << " ms)\n";
+      << " ms)";
+    if (auto t = Trials().find(k); t != Trials().end()) {
+      s << "; call trial running (call " << t->second.calls << " of "
+        << 2 * kCallTrialRounds * (t->second.heat_calls + t->second.timed_calls) << ")";
+    }
+    if (c.call_ms[0] > 0.f || c.call_ms[1] > 0.f) {
+      s << "; call trial: tuner's choice " << c.call_ms[0] << " ms, challenger " << c.call_ms[1]
+        << " ms per call";
+    }
+    s << "\n";
   }
   return s.str();
 }

@@ -24,6 +24,18 @@ namespace jax_distgemm::cuda {
 // where a trial GEMM may scribble on g.ops.d and nobody waits on this device yet.
 std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream);
 
+// A call trial's timing of one launch (autotune.cc, "Call trials"): events to record around it.
+struct CallTiming {
+  cudaEvent_t stop = nullptr;  // nullptr: this launch is not timed
+  bool* pending = nullptr;
+};
+
+// After ChooseConfig, on every launch: while a long AllGather grid's call trial lasts, sets the
+// variant this call runs and may record a start event on `stream`; then EndCall after the
+// launch.  Never synchronizes.
+CallTiming BeginCall(GemmLaunch& g, cudaStream_t stream);
+void EndCall(const CallTiming& timing, cudaStream_t stream);
+
 // Whether a fused (ptr-array) kernel is compiled for these types, and for the config that
 // JAX_DISTGEMM_GEMM_CONFIG forces, if any.
 bool CanFuse(ElemType ab_type, ElemType d_type);

@@ -253,6 +253,7 @@ GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions&
 // Tunes (first use of a shape), traces (JAX_DISTGEMM_TRACE=1) and enqueues one stage GEMM.
 std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage, int chunk) {
   if (std::string err = ChooseConfig(g, stream); !err.empty()) return err;
+  const CallTiming timing = BeginCall(g, stream);
   if (g.fused.count > 0) {  // one record per fused stage
     const int per_stage = std::max(g.fused.chunks, 1);
     for (int s = 0; s < g.fused.count; ++s) {
@@ -271,6 +272,7 @@ std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage
     m << "stage " << stage << ": " << err;
     return m.str();
   }
+  EndCall(timing, stream);
   return "";
 }
 
