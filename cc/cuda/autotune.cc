@@ -122,39 +122,58 @@ constexpr int kRounds = 3;
 // -- Call trials: long AllGather grids ----------------------------------------------------------
 // A fused AllGather grid whose first trial launch takes >= kCallTrialMinMs: once tuned, if the
 // tuner's choice has a cluster and a cluster-less Cooperative 128x256 variant was timed too,
-// the next calls alternate between the two in turns (kCallTrialHeatMs of calls untimed, then
-// >= kCallTrialTimedMs timed by events around the grid), kCallTrialRounds rounds each; the
-// lower best-round median wins and is cached.  Why: at the seed AllGather (41-45 ms grids) the
-// cluster-less tile sustained 0.5-4.3% more than the tuner's 2x1-cluster choice in whole calls
-// in every run on 2x H200, while timing the grid alone, even in 1 s turns, ranked the 2x1 tile
-// ~1% ahead (docs/performance.md, N2-N4).  The call is the only place that ranks them as the
-// call runs.  Both devices of a group count the same calls, so they run the same candidate at
-// the same time.  NOTE: no host sync: the events are read when done, at later calls; the
-// tuner's choice runs until the last ones are.  NOTE: a timed call records an event right
-// before the grid, which may keep the grid from overlapping the previous kernel's tail
-// (programmatic dependent launch): both candidates' timed calls alike.
+// the next calls alternate between the two in turns (~kCallTrialHeatMs of calls untimed, then
+// ~kCallTrialTimedMs timed), kCallTrialRounds rounds each; the lower best-round median wins
+// and is cached.  Why: at the seed AllGather (41-45 ms grids) the cluster-less tile sustained
+// 0.5-4.3% more than the tuner's 2x1-cluster choice in whole calls in every run on 2x H200,
+// while timing the grid alone, even in 1 s turns, ranked the 2x1 tile ~1% ahead
+// (docs/performance.md, N2-N4).  The call is the only place that ranks them as the call runs.
+//
+//   call:      0 ....... H ..... P ....... P+H ..... 2P ...... 2P+H .... 3P ...... 3P+H .... 4P
+//   candidate: tuner's   (timed) challenger (timed)  tuner's   (timed)   challenger (timed)  verdict
+//
+// What is timed is the call's period on this device's stream: from the end of one timed
+// call's grid to the end of the next's (an event after each grid), which counts the wait for
+// the peer, and whatever else the call enqueues, as a user sees them.  The grid's own time
+// would not: a device whose grid starts early waits inside it for the peer's shard.
+// The turn lengths (H, P) are counted in calls from the problem's FLOPs at a nominal rate, not
+// from a measured time, so that every device of a group, in one process or several, counts the
+// same and runs its candidate in the same calls as the peer's.  NOTE: no host sync: the events
+// are read when done, at later calls; the tuner's choice runs until the last ones are.
+// NOTE: a timed call records an event right after the grid, which may keep the next kernel
+// from overlapping the grid's tail (programmatic dependent launch): both candidates alike.
 // JAX_DISTGEMM_CALL_TRIAL=0 turns trials off.
 constexpr float kCallTrialMinMs = 20.f;
 constexpr float kCallTrialHeatMs = 1000.f;
 constexpr float kCallTrialTimedMs = 300.f;
+constexpr int kCallTrialMinTimedCalls = 4;  // >= 3 periods per turn
 constexpr int kCallTrialRounds = 2;
+constexpr double kNominalFlopPerMs = 6e11;  // 600 TFLOP/s: turn lengths only, never a verdict
 constexpr GemmConfig kChallengerConfig = GemmConfig::kCoop128x256_C1x1;
 bool CallTrialsEnabled() { return !EnvEquals("JAX_DISTGEMM_CALL_TRIAL", "0"); }
 bool IsLongAllGatherGrid(const GemmLaunch& g, float one_launch_ms) {
   return g.fused.count > 0 && !g.fused.stage_beta && one_launch_ms >= kCallTrialMinMs;
+}
+// The grid's ms at the nominal rate: the same number on every device of a group.
+float NominalGridMs(const GemmLaunch& g) {
+  const double flop = 2.0 * static_cast<double>(g.ops.m) * static_cast<double>(g.ops.n) *
+                      static_cast<double>(g.ops.k) *
+                      static_cast<double>(std::max<int64_t>(g.ops.batch, 1)) *
+                      static_cast<double>(std::max(g.fused.count, 1));
+  return static_cast<float>(flop / kNominalFlopPerMs);
 }
 
 struct CallTrial {
   Variant candidate[2];  // [0] the tuner's choice, [1] the challenger
   int heat_calls = 0, timed_calls = 0;  // per turn
   int64_t calls = 0;  // calls scheduled so far
-  std::vector<float> samples[2][kCallTrialRounds];  // ms per timed call
-  struct Slot {
-    cudaEvent_t start = nullptr, stop = nullptr;
+  struct Mark {  // an event after a timed call's grid
+    cudaEvent_t done = nullptr;
+    int64_t call = 0;
     int candidate = 0, round = 0;
-    bool pending = false;
+    bool recorded = false, complete = false;
   };
-  std::deque<Slot> slots;  // timed calls; deque: CallTiming points into it
+  std::deque<Mark> marks;  // in call order; deque: CallTiming points into it
 };
 std::map<Key, CallTrial>& Trials() {
   static auto* t = new std::map<Key, CallTrial>();
@@ -372,8 +391,9 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
       CallTrial& t = Trials()[key];
       t.candidate[0] = best;
       t.candidate[1] = *std::min_element(challengers.begin(), challengers.end(), faster);
-      t.heat_calls = LaunchesFor(best.ms, kCallTrialHeatMs, 1);
-      t.timed_calls = LaunchesFor(best.ms, kCallTrialTimedMs, 3);
+      const float nominal_ms = NominalGridMs(g);
+      t.heat_calls = LaunchesFor(nominal_ms, kCallTrialHeatMs, 1);
+      t.timed_calls = LaunchesFor(nominal_ms, kCallTrialTimedMs, kCallTrialMinTimedCalls);
     }
   }
   g.config = best.config;
@@ -384,21 +404,17 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
 
 namespace {
 
-// Reads the finished events of `t` (never waits); false while some are still in flight.
+// Whether every recorded event of `t` is done (never waits); false while some are in flight.
 bool Harvest(CallTrial& t) {
   bool all_done = true;
-  for (CallTrial::Slot& slot : t.slots) {
-    if (!slot.pending) continue;
-    if (cudaEventQuery(slot.stop) != cudaSuccess) {
+  for (CallTrial::Mark& mark : t.marks) {
+    if (!mark.recorded || mark.complete) continue;
+    if (cudaEventQuery(mark.done) != cudaSuccess) {
       cudaGetLastError();  // cudaErrorNotReady is not an error here
       all_done = false;
       continue;
     }
-    float ms = 0.f;
-    if (cudaEventElapsedTime(&ms, slot.start, slot.stop) == cudaSuccess && ms > 0.f) {
-      t.samples[slot.candidate][slot.round].push_back(ms);
-    }
-    slot.pending = false;
+    mark.complete = true;
   }
   return all_done;
 }
@@ -409,12 +425,27 @@ float Median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-// The lower of the candidates' best-round medians: the verdict, cached in place of the tuner's.
+// The lower of the candidates' best-round medians of the call period: the verdict, cached in
+// place of the tuner's.
 void Decide(const Key& key, CallTrial& t) {
+  std::vector<float> periods[2][kCallTrialRounds];
+  for (size_t i = 1; i < t.marks.size(); ++i) {
+    const CallTrial::Mark& a = t.marks[i - 1];
+    const CallTrial::Mark& b = t.marks[i];
+    if (!a.complete || !b.complete || b.call != a.call + 1 || a.candidate != b.candidate ||
+        a.round != b.round) {
+      continue;  // not consecutive calls of one turn
+    }
+    float ms = 0.f;
+    if (cudaEventElapsedTime(&ms, a.done, b.done) == cudaSuccess && ms > 0.f) {
+      periods[b.candidate][b.round].push_back(ms);
+    }
+  }
+  cudaGetLastError();
   float best_ms[2] = {-1.f, -1.f};
   for (int c = 0; c < 2; ++c) {
     for (int r = 0; r < kCallTrialRounds; ++r) {
-      const float ms = Median(t.samples[c][r]);
+      const float ms = Median(periods[c][r]);
       if (ms > 0.f && (best_ms[c] < 0.f || ms < best_ms[c])) best_ms[c] = ms;
     }
   }
@@ -424,10 +455,7 @@ void Decide(const Key& key, CallTrial& t) {
   choice.call_ms[0] = best_ms[0];
   choice.call_ms[1] = best_ms[1];
   Cache()[key] = choice;
-  for (CallTrial::Slot& slot : t.slots) {
-    cudaEventDestroy(slot.start);
-    cudaEventDestroy(slot.stop);
-  }
+  for (CallTrial::Mark& mark : t.marks) cudaEventDestroy(mark.done);
   if (LogTuning()) {
     std::fprintf(stderr,
                  "jax_distgemm call trial: device %d m=%lld n=%lld k=%lld: %s raster %s swizzle "
@@ -444,6 +472,7 @@ void Decide(const Key& key, CallTrial& t) {
 }  // namespace
 
 CallTiming BeginCall(GemmLaunch& g, cudaStream_t stream) {
+  (void)stream;  // the event is recorded after the grid (EndCall)
   CallTiming timing;
   if (g.fused.count == 0) return timing;  // trials are for fused grids only
   const TuneMode mode = ReadTuneMode();
@@ -469,45 +498,31 @@ CallTiming BeginCall(GemmLaunch& g, cudaStream_t stream) {
   const int candidate = static_cast<int>(turn % 2);
   const int round = static_cast<int>(turn / 2);
   const bool timed = t.calls % per_turn >= t.heat_calls;
-  ++t.calls;
+  const int64_t call = t.calls++;
   const Variant& v = t.candidate[candidate];
   g.config = v.config;
   g.max_swizzle = v.swizzle;
   g.raster = v.raster;
   if (!timed) return timing;
-  CallTrial::Slot* slot = nullptr;
-  for (CallTrial::Slot& s : t.slots) {
-    if (!s.pending) {
-      slot = &s;
-      break;
-    }
-  }
-  if (slot == nullptr) {
-    CallTrial::Slot fresh;
-    if (cudaEventCreate(&fresh.start) != cudaSuccess ||
-        cudaEventCreate(&fresh.stop) != cudaSuccess) {
-      cudaGetLastError();
-      return timing;  // this call untimed
-    }
-    t.slots.push_back(fresh);
-    slot = &t.slots.back();
-  }
-  if (cudaEventRecord(slot->start, stream) != cudaSuccess) {
+  CallTrial::Mark mark;
+  if (cudaEventCreate(&mark.done) != cudaSuccess) {
     cudaGetLastError();
-    return timing;
+    return timing;  // this call untimed: its period and the next one's go uncounted
   }
-  slot->candidate = candidate;
-  slot->round = round;
-  timing.stop = slot->stop;
-  timing.pending = &slot->pending;
+  mark.call = call;
+  mark.candidate = candidate;
+  mark.round = round;
+  t.marks.push_back(mark);
+  timing.done = t.marks.back().done;
+  timing.recorded = &t.marks.back().recorded;
   return timing;
 }
 
 void EndCall(const CallTiming& timing, cudaStream_t stream) {
-  if (timing.stop == nullptr) return;
+  if (timing.done == nullptr) return;
   std::lock_guard<std::mutex> lock(Mu());
-  if (cudaEventRecord(timing.stop, stream) == cudaSuccess) {
-    *timing.pending = true;
+  if (cudaEventRecord(timing.done, stream) == cudaSuccess) {
+    *timing.recorded = true;
   } else {
     cudaGetLastError();
   }

@@ -24,15 +24,15 @@ namespace jax_distgemm::cuda {
 // where a trial GEMM may scribble on g.ops.d and nobody waits on this device yet.
 std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream);
 
-// A call trial's timing of one launch (autotune.cc, "Call trials"): events to record around it.
+// A call trial's timing of one launch (autotune.cc, "Call trials"): the event to record after it.
 struct CallTiming {
-  cudaEvent_t stop = nullptr;  // nullptr: this launch is not timed
-  bool* pending = nullptr;
+  cudaEvent_t done = nullptr;  // nullptr: this launch is not timed
+  bool* recorded = nullptr;
 };
 
 // After ChooseConfig, on every launch: while a long AllGather grid's call trial lasts, sets the
-// variant this call runs and may record a start event on `stream`; then EndCall after the
-// launch.  Never synchronizes.
+// variant this call runs; then EndCall after the launch, which may record an event on `stream`.
+// Never synchronizes.
 CallTiming BeginCall(GemmLaunch& g, cudaStream_t stream);
 void EndCall(const CallTiming& timing, cudaStream_t stream);
 
