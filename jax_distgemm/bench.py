@@ -278,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
   meta["gpu_monitor"] = monitor.describe()
   meta["copy_streams"] = runtime.copy_stream_reports()
   for c in meta["copy_streams"]:
-    print(f"copy stream of GPU {c['ordinal']}: {c['candidates']} candidate(s), independent of "
-          f"XLA's compute stream: {c['independent']}{' (' + c['note'] + ')' if c['note'] else ''}")
+    print(runtime.describe_copy_stream(c))
   if args.json:
     _write_json(args.json, {"meta": meta, "cases": results, "complete": True,
                             "passed": passed})

@@ -344,6 +344,25 @@ class BenchLibTest(absltest.TestCase):
       bl.settle_call_trials(batch)
     self.assertEqual(calls["n"], 0)
 
+  def test_copy_stream_lines_name_their_group(self):
+    # A GPU in two groups (the local-GEMM TP=1 group and the TP=2 one) has two copy streams;
+    # each line says which (the module's rows: ordinal, candidates, independent, note, group,
+    # rank; cc/cuda/distgemm_cuda.h).
+    rows = [(0, 1, 1, "", [0], 0), (0, 2, 1, "", [0, 1], 0), (1, 1, 0, "no free queue", [0, 1], 1),
+            (1, 1, 1, "", [-1, 1], 1)]
+    fake = mock.Mock(copy_stream_reports=mock.Mock(return_value=rows))
+    with mock.patch.object(bl.runtime.ffi_modules, "module_for", return_value=fake):
+      reports = bl.runtime.copy_stream_reports()
+    self.assertEqual([(r["ordinal"], r["group"], r["rank"]) for r in reports],
+                     [(0, [0], 0), (0, [0, 1], 0), (1, [0, 1], 1), (1, [-1, 1], 1)])
+    lines = [bl.runtime.describe_copy_stream(r) for r in reports]
+    self.assertEqual(lines[0], "copy stream of GPU 0 as rank 0 of TP=1 group [GPU 0]: "
+                     "1 candidate(s), independent of XLA's compute stream: 1")
+    self.assertEqual(lines[1], "copy stream of GPU 0 as rank 0 of TP=2 group [GPU 0, GPU 1]: "
+                     "2 candidate(s), independent of XLA's compute stream: 1")
+    self.assertTrue(lines[2].endswith(": 0 (no free queue)"), lines[2])
+    self.assertIn("group [another process, GPU 1]", lines[3])
+
   def test_local_all_devices_matches_the_ideal(self):
     # Our op at TP=1 on every device at once computes each device's share, as XLA's dot does.
     devices = tu.cpu_devices(2)

@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
 from jax_distgemm import ffi as ffi_modules  # noqa: E402
+from jax_distgemm._src import runtime  # noqa: E402
 
 GPUS = test_util.hopper_gpus()
 TP = 2
@@ -119,13 +120,14 @@ class CudaCopyStreamTest(absltest.TestCase):
     x, w, _ = test_util.random_inputs(3, (256, 512), (512, 256), jnp.bfloat16)
     f, args = run_global(Schedule.AllGather1D_TilingCD_RotatingA, x, w)
     self.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
-    reports = ffi_modules.module_for("cuda").copy_stream_reports()
-    ordinals = {d.local_hardware_id for d in GPUS[:TP]}
-    mine = [r for r in reports if r[0] in ordinals]
-    self.assertEqual(ordinals, {r[0] for r in mine}, reports)
-    for ordinal, candidates, independent, note in mine:
-      self.assertEqual((independent, note), (1, ""), f"device {ordinal}: {reports}")
-      self.assertBetween(candidates, 1, 32)
+    reports = runtime.copy_stream_reports()
+    ordinals = [d.local_hardware_id for d in GPUS[:TP]]
+    mine = [r for r in reports if r["group"] == ordinals]  # this call's group
+    self.assertEqual(ordinals, sorted(r["ordinal"] for r in mine), reports)
+    for r in mine:
+      self.assertEqual(r["group"][r["rank"]], r["ordinal"], r)
+      self.assertEqual((r["independent"], r["note"]), (1, ""), f"{r}: {reports}")
+      self.assertBetween(r["candidates"], 1, 32)
 
 
 class CudaStressTest(parameterized.TestCase):

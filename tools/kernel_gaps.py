@@ -234,9 +234,7 @@ def main(argv=None):
                     "tuning": runtime.describe_tuning().splitlines(),
                     "copy_streams": runtime.copy_stream_reports()})  # cc/cuda/copy_stream.h
     print("\n".join(f"    tuned: {t}" for t in results[-1]["tuning"]))
-    print("\n".join(f"    copy stream: device {r['ordinal']}, {r['candidates']} candidate(s), "
-                    f"independent {r['independent']}{', ' + r['note'] if r['note'] else ''}"
-                    for r in results[-1]["copy_streams"]))
+    print("\n".join(f"    {runtime.describe_copy_stream(r)}" for r in results[-1]["copy_streams"]))
     del sets, rows
     jax.clear_caches()
   if args.json:

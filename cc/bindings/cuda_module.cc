@@ -35,10 +35,11 @@ NB_MODULE(_distgemm_cuda, m) {
   m.def("pending_error", &jax_distgemm::cuda::PendingErrors);
   m.def("describe_tuning", &jax_distgemm::cuda::DescribeTuning);
   m.def("copy_stream_reports", &jax_distgemm::cuda::CopyStreamReports,
-        "(ordinal, candidates, independent, note) per initialized device: how many streams were "
-        "tried for its copy stream and whether a blocked wait on the kept one leaves XLA's "
-        "compute stream free (1 yes, 0 no, -1 not probed; JAX_DISTGEMM_COPY_STREAM=plain keeps "
-        "the first).");
+        "(ordinal, candidates, independent, note, group, rank) per initialized device of each "
+        "peer group: how many streams were tried for its copy stream and whether a blocked wait "
+        "on the kept one leaves XLA's compute stream free (1 yes, 0 no, -1 not probed; "
+        "JAX_DISTGEMM_COPY_STREAM=plain keeps the first); group: the members' local ordinals "
+        "in rank order (-1: another process's), rank: this device's.");
   m.def("set_fault_device", &jax_distgemm::cuda::SetCudaFaultDevice, nb::arg("ordinal"),
         nb::arg("kind") = 0,
         "Test hook: this device ordinal (-1: none) misbehaves; kind 0: it never delivers to its "

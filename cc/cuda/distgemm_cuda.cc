@@ -202,14 +202,16 @@ std::string PendingErrors() {
   return "";
 }
 
-std::vector<std::tuple<int, int, int, std::string>> CopyStreamReports() {
-  std::vector<std::tuple<int, int, int, std::string>> out;
+std::vector<CopyStreamRow> CopyStreamReports() {
+  std::vector<CopyStreamRow> out;
   for (PeerGroup* g : AllPeerGroups()) {
+    std::vector<int> members;
+    for (int r = 0; r < g->tp(); ++r) members.push_back(g->dev(r).ordinal);
     for (int r = 0; r < g->tp(); ++r) {
       const DeviceState& d = g->dev(r);
       if (d.ordinal < 0 || d.copy_stream == nullptr) continue;
       const CopyStreamReport& c = d.copy_stream_report;
-      out.emplace_back(d.ordinal, c.candidates, c.independent, c.note);
+      out.emplace_back(d.ordinal, c.candidates, c.independent, c.note, members, r);
     }
   }
   return out;

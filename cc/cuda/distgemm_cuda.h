@@ -20,8 +20,12 @@ void SetSyncCheck(bool on);            // synchronize after each call to report 
 void SetFuseStages(bool on);           // AllGather: one fused grid per call (CallOptions)
 std::string ResetAll();                // drain, zero flags and epochs, clear sticky errors
 std::string PendingErrors();           // "" or the sticky error of any group
-// (ordinal, candidates, independent, note) of every initialized local device of every group:
-// how its copy stream was chosen (copy_stream.h).  No call may be in flight.
-std::vector<std::tuple<int, int, int, std::string>> CopyStreamReports();
+// (ordinal, candidates, independent, note, group, rank) of every initialized local device of
+// every group: how its copy stream was chosen (copy_stream.h); group: the members' local
+// ordinals in rank order (-1 for a member in another process), rank: this device's.  Each
+// group has its own copy stream per device, so a GPU in two groups (TP=1 and TP=2) has two.
+// No call may be in flight.
+using CopyStreamRow = std::tuple<int, int, int, std::string, std::vector<int>, int>;
+std::vector<CopyStreamRow> CopyStreamReports();
 
 }  // namespace jax_distgemm::cuda

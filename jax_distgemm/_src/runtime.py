@@ -46,5 +46,16 @@ def copy_stream_reports() -> list[dict]:
   module = ffi_modules.module_for("cuda")
   if module is None or not hasattr(module, "copy_stream_reports"):
     return []
-  return [{"ordinal": o, "candidates": n, "independent": i, "note": note}
-          for o, n, i, note in module.copy_stream_reports()]
+  return [{"ordinal": o, "candidates": n, "independent": i, "note": note,
+           "group": list(group), "rank": rank}
+          for o, n, i, note, group, rank in module.copy_stream_reports()]
+
+
+def describe_copy_stream(report: dict) -> str:
+  """One line for a copy_stream_reports() entry, naming its peer group (a GPU has one copy
+  stream per group it is in, e.g. the TP=1 local-GEMM group and the TP=2 one)."""
+  members = ", ".join("another process" if o < 0 else f"GPU {o}" for o in report["group"])
+  note = f" ({report['note']})" if report["note"] else ""
+  return (f"copy stream of GPU {report['ordinal']} as rank {report['rank']} of "
+          f"TP={len(report['group'])} group [{members}]: {report['candidates']} candidate(s), "
+          f"independent of XLA's compute stream: {report['independent']}{note}")
