@@ -90,6 +90,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="also time this many back-to-back calls per check (default 0: no timing)")
   p.add_argument("--timing-repeats", type=int, default=5,
                  help="timed repeats per check; the median is reported (default 5)")
+  p.add_argument("--timing-warmup", type=int, default=3,
+                 help="untimed calls per check before timing (default 3; every process runs "
+                      "the same count: a call is collective).  A fused AllGather grid of "
+                      ">= 20 ms runs a call trial over its first ~120 calls (design.md), which "
+                      "timing should not see: give it more there")
   p.add_argument("--timing-only", action="store_true",
                  help="no correctness checks: random operands on the devices, timing only")
   p.add_argument("--json", default=None, help="launcher: write the JDG_TIME records here")
@@ -112,8 +117,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.num_processes < 1 or args.devices_per_process < 1:
     p.error("--num-processes and --devices-per-process must be >= 1")
-  if args.timing_iterations < 0 or args.timing_repeats < 1:
-    p.error("--timing-iterations must be >= 0 and --timing-repeats >= 1")
+  if args.timing_iterations < 0 or args.timing_repeats < 1 or args.timing_warmup < 0:
+    p.error("--timing-iterations and --timing-warmup must be >= 0 and --timing-repeats >= 1")
   if args.timing_only and not args.timing_iterations:
     args.timing_iterations = 10
   total = args.num_processes * args.devices_per_process
@@ -353,8 +358,10 @@ def worker(args) -> int:
 def time_calls(args, fn, arrays) -> dict:
   """Median ms per call over repeats of back-to-back calls and one block (after warm-up)."""
   import jax  # noqa: PLC0415
-  for _ in range(3):
-    jax.block_until_ready(fn(*arrays))
+  for i in range(args.timing_warmup):
+    out = fn(*arrays)
+    if i % 20 == 19 or i + 1 == args.timing_warmup:  # never more than 20 calls in flight
+      jax.block_until_ready(out)
   per_call = []
   for _ in range(args.timing_repeats):
     start = time.perf_counter()
@@ -364,7 +371,7 @@ def time_calls(args, fn, arrays) -> dict:
     jax.block_until_ready(out)
     per_call.append((time.perf_counter() - start) / args.timing_iterations * 1e3)
   return {"median_ms": sorted(per_call)[len(per_call) // 2], "repeats_ms": per_call,
-          "iterations": args.timing_iterations, "m": args.m, "n": args.n, "k": args.k,
+          "iterations": args.timing_iterations, "warmup": args.timing_warmup, "m": args.m, "n": args.n, "k": args.k,
           "dtype": args.dtype, "implementation": args.implementation}
 
 
@@ -423,7 +430,7 @@ def child_args(args, process_id: int, coordinator: str) -> list[str]:
          f"--tp={args.tp}", f"--m={args.m}", f"--n={args.n}", f"--k={args.k}",
          f"--dtype={args.dtype}", f"--implementation={args.implementation}",
          f"--iterations={args.iterations}", f"--timing-iterations={args.timing_iterations}",
-         f"--timing-repeats={args.timing_repeats}",
+         f"--timing-repeats={args.timing_repeats}", f"--timing-warmup={args.timing_warmup}",
          f"--checks={','.join(args.checks)}", f"--timeout={args.timeout}", f"--seed={args.seed}"]
   if args.call_timeout_ms:
     out.append(f"--call-timeout-ms={args.call_timeout_ms}")

@@ -195,8 +195,8 @@ class MultiprocessTest(parameterized.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       json_path = os.path.join(tmp, "times.json")
       rc, out, records = launch("--num-processes=2", "--timing-only", "--timing-iterations=3",
-                                "--timing-repeats=3", f"--checks={','.join(SCHEDULES)}",
-                                f"--json={json_path}")
+                                "--timing-repeats=3", "--timing-warmup=21",
+                                f"--checks={','.join(SCHEDULES)}", f"--json={json_path}")
       saved = None
       if os.path.exists(json_path):
         with open(json_path) as f:
@@ -209,6 +209,7 @@ class MultiprocessTest(parameterized.TestCase):
                           [(c, p) for c in SCHEDULES for p in range(2)])
     for t in times:
       self.assertLen(t["repeats_ms"], 3)
+      self.assertEqual(t["warmup"], 21)  # passed on to every worker
       self.assertEqual(t["median_ms"], sorted(t["repeats_ms"])[1])
       self.assertEqual(t["hlo_fused_calls"], 1, t)  # our custom call was timed
     self.assertIsNotNone(saved, "--json wrote nothing")
