@@ -129,8 +129,9 @@ constexpr int kRounds = 3;
 // while timing the grid alone, even in 1 s turns, ranked the 2x1 tile ~1% ahead
 // (docs/performance.md, N2-N4).  The call is the only place that ranks them as the call runs.
 //
-//   call:      0 ....... H ..... P ....... P+H ..... 2P ...... 2P+H .... 3P ...... 3P+H .... 4P
-//   candidate: tuner's   (timed) challenger (timed)  tuner's   (timed)   challenger (timed)  verdict
+//   calls:  [0, H)   [H, P)   [P, P+H)    [P+H, 2P)   [2P, 3P)        [3P, 4P)         [4P, ..)
+//   runs:   tuner's  tuner's  challenger  challenger  tuner's (round  challenger (round  verdict
+//           untimed  timed    untimed     timed        two, same)     two, same)
 //
 // What is timed is the call's period on this device's stream: from the end of one timed
 // call's grid to the end of the next's (an event after each grid), which counts the wait for
