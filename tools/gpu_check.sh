@@ -8,7 +8,8 @@
 #
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
 # GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
-# "tests/nnx_test.py -k Cuda"), SKIP_MP=1 (no multi-process section in the default mode),
+# "tests/nnx_test.py -k Cuda"), GPU_TEST_K (a pytest -k expression, spaces allowed; with
+# GPU_TEST_ARGS="" it selects within tests/cuda_test.py), SKIP_MP=1 (no multi-process section in the default mode),
 # MP_TIMING=0 (multi-process correctness only, no seed-shape timing).
 # Installs, in order of preference: a cp312 wheel carried in .carry/ (pip wheel . on the dev
 # machine), prebuilt modules in .carry/modules/ (_distgemm_*.so from a CMake build there), else
@@ -73,7 +74,8 @@ status=0
 if [[ "$MODE" == all || "$MODE" == --tests-only ]]; then
   for run in $(seq 1 "${GPU_TEST_RUNS:-2}"); do
     set +e
-    JAX_DISTGEMM_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest -q -rs tests/cuda_test.py ${GPU_TEST_ARGS-tests/nnx_test.py -k Cuda} \
+    K_ARGS=(); [[ -n "${GPU_TEST_K:-}" ]] && K_ARGS=(-k "$GPU_TEST_K")
+    JAX_DISTGEMM_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest -q -rs tests/cuda_test.py ${GPU_TEST_ARGS-tests/nnx_test.py -k Cuda} ${K_ARGS[@]+"${K_ARGS[@]}"} \
       > "$OUT/gpu_tests_run$run.log" 2>&1
     rc=$?
     set -e
