@@ -371,8 +371,8 @@ def time_calls(args, fn, arrays) -> dict:
     jax.block_until_ready(out)
     per_call.append((time.perf_counter() - start) / args.timing_iterations * 1e3)
   return {"median_ms": sorted(per_call)[len(per_call) // 2], "repeats_ms": per_call,
-          "iterations": args.timing_iterations, "warmup": args.timing_warmup, "m": args.m, "n": args.n, "k": args.k,
-          "dtype": args.dtype, "implementation": args.implementation}
+          "iterations": args.timing_iterations, "warmup": args.timing_warmup, "m": args.m,
+          "n": args.n, "k": args.k, "dtype": args.dtype, "implementation": args.implementation}
 
 
 def alive(pid: int) -> bool:

@@ -9,8 +9,8 @@
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
 # GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
 # "tests/nnx_test.py -k Cuda"), GPU_TEST_K (a pytest -k expression, spaces allowed; with
-# GPU_TEST_ARGS="" it selects within tests/cuda_test.py), SKIP_MP=1 (no multi-process section in the default mode),
-# MP_TIMING=0 (multi-process correctness only, no seed-shape timing).
+# GPU_TEST_ARGS="" it selects within tests/cuda_test.py), SKIP_MP=1 (no multi-process section
+# in the default mode), MP_TIMING=0 (multi-process correctness only, no seed-shape timing).
 # Installs, in order of preference: a cp312 wheel carried in .carry/ (pip wheel . on the dev
 # machine), prebuilt modules in .carry/modules/ (_distgemm_*.so from a CMake build there), else
 # builds from source here (needs CUTLASS headers: pip's nvidia-cutlass or .carry/cutlass_include).

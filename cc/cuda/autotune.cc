@@ -472,13 +472,13 @@ void Decide(const Key& key, CallTrial& t) {
 
 }  // namespace
 
-CallTiming BeginCall(GemmLaunch& g, cudaStream_t stream) {
-  (void)stream;  // the event is recorded after the grid (EndCall)
+CallTiming BeginCall(GemmLaunch& g) {
   CallTiming timing;
   if (g.fused.count == 0) return timing;  // trials are for fused grids only
+  std::lock_guard<std::mutex> lock(Mu());
+  if (Trials().empty()) return timing;  // every call but a trial's: no key, no env reads
   const TuneMode mode = ReadTuneMode();
   const Key key = MakeKey(g, mode, TurnHeatOverride(mode), CallTrialsEnabled());
-  std::lock_guard<std::mutex> lock(Mu());
   auto it = Trials().find(key);
   if (it == Trials().end()) return timing;
   CallTrial& t = it->second;

@@ -33,7 +33,7 @@ struct CallTiming {
 // After ChooseConfig, on every launch: while a long AllGather grid's call trial lasts, sets the
 // variant this call runs; then EndCall after the launch, which may record an event on `stream`.
 // Never synchronizes.
-CallTiming BeginCall(GemmLaunch& g, cudaStream_t stream);
+CallTiming BeginCall(GemmLaunch& g);
 void EndCall(const CallTiming& timing, cudaStream_t stream);
 
 // Whether a fused (ptr-array) kernel is compiled for these types, and for the config that

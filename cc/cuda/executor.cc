@@ -253,7 +253,7 @@ GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions&
 // Tunes (first use of a shape), traces (JAX_DISTGEMM_TRACE=1) and enqueues one stage GEMM.
 std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage, int chunk) {
   if (std::string err = ChooseConfig(g, stream); !err.empty()) return err;
-  const CallTiming timing = BeginCall(g, stream);
+  const CallTiming timing = BeginCall(g);
   if (g.fused.count > 0) {  // one record per fused stage
     const int per_stage = std::max(g.fused.chunks, 1);
     for (int s = 0; s < g.fused.count; ++s) {

@@ -55,9 +55,9 @@ class NvmlReader:
     self._lib.nvmlShutdown()
 
 
-def format_stats(stats: dict[str, dict] | None, sep: str = " ") -> str:
+def format_stats(stats: dict[str, dict] | None) -> str:
   """'GPU0 1290 MHz 692 W GPU1 ...' of window_stats' result ("" for None)."""
-  return sep.join(f"GPU{i} {v['sm_mhz']:.0f} MHz {v['power_w']:.0f} W"
+  return " ".join(f"GPU{i} {v['sm_mhz']:.0f} MHz {v['power_w']:.0f} W"
                   for i, v in (stats or {}).items())
 
 
