@@ -181,8 +181,13 @@ def main(argv=None):
   ap.add_argument("--target-repeat-ms", type=float, default=30.0)
   ap.add_argument("--heat-ms", type=bench_cli._non_negative_float, default=30.0,
                   help="untimed calls of a row before each of its repeats (bench's --heat-ms)")
+  ap.add_argument("--max-sets", type=int, default=bench_lib.Options.max_sets,
+                  help="input sets rotated among at most; 1: every call reads the same, L2-warm "
+                       "operands (as the tuner's own launches do)")
   ap.add_argument("--json")
   args = ap.parse_args(argv)
+  if args.max_sets < 1:
+    ap.error(f"--max-sets must be >= 1, got {args.max_sets}")
   if args.local and args.all_devices:
     ap.error("--local and --all-devices are exclusive")
   devices, platform, note = bench_lib.select_devices(1 if args.local else 2)
@@ -190,7 +195,7 @@ def main(argv=None):
     print(note, file=sys.stderr)
   opts = bench_lib.resolve_in_flight(
       bench_lib.Options(repeats=args.repeats, target_repeat_ms=args.target_repeat_ms,
-                        heat_ms=args.heat_ms, warmup=2), platform)
+                        heat_ms=args.heat_ms, warmup=2, max_sets=args.max_sets), platform)
   t0 = time.time()
   log = lambda msg: print(f"[sweep {time.time() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
   results = []
