@@ -184,6 +184,12 @@ class BenchEndToEndTest(absltest.TestCase):
       self.assertGreater(lg["cutlass_ms"], 0)
       self.assertAlmostEqual(lg["xla_dot"]["ms"] / lg["cutlass_ms"], lg["ratio"], places=6)
       self.assertNotIn("note", lg)
+      # Paired by round: the median of the rounds' own ratios, from the repeats' times.
+      pr = lg["ratio_per_round"]
+      x, ours = lg["xla_dot"]["ms_repeats"], lg["cutlass"]["ms_repeats"]
+      self.assertEqual(pr["rounds"], min(len(x), len(ours)))
+      self.assertAlmostEqual(pr["median"], float(np.median([a / b for a, b in zip(x, ours)])),
+                             places=6)
 
   def test_plot_written(self):
     if not _have_matplotlib():

@@ -852,6 +852,9 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
         lg["ratio_failure"] = dict(ours.failure)
       elif not xla.failure:
         ratio = lg["xla_dot"]["ms"] / lg["cutlass"]["ms"]
+        # The same quantity paired by round (per_round_ratio), as the rows' efficiency_per_round:
+        # the two ran back to back in each round, so a round's GPU-wide clock dip hits both.
+        lg["ratio_per_round"] = per_round_ratio(xla.times, ours.times)
     lg["ratio"] = ratio
     lg["cutlass_ms"] = None if ratio is None else lg["cutlass"]["ms"]
     if ratio is None:
@@ -1085,7 +1088,10 @@ def case_block(result: dict, index: int, total: int) -> str:
     xs = (f"XLA dot {x['ms']:.4f} ms ({_fmt_rate(x.get('tflops'))} TFLOP/s)"
           if x.get("status") == "ok" else f"XLA dot n/a: {x.get('reason') or lg.get('reason')}")
     ratio = lg.get("ratio")
-    rs = f"ratio (xla/cutlass) {ratio:.2f}" if ratio else f"ratio n/a ({lg.get('note', '')})"
+    rs = f"ratio (xla/cutlass) {ratio:.3f}" if ratio else f"ratio n/a ({lg.get('note', '')})"
+    pr = lg.get("ratio_per_round")
+    if ratio and pr:
+      rs += f", per round {pr['median']:.3f} [{pr['q25']:.3f}-{pr['q75']:.3f}]"
     lines.append(f"   local GEMM, stage {tuple(lg['stage_shape'])}: {xs}; {rs}")
   mi = result.get("ideal_all_devices")
   if mi:
