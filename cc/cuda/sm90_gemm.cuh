@@ -81,7 +81,10 @@ struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> {
 // are latency-bound (small M, long K).  Not added: Pingpong 128x256 (one consumer warpgroup
 // would hold the whole 128x256 fp32 accumulator, 256 registers/thread, over the 232-240
 // that a consumer warpgroup gets); 2x2 clusters (cluster-4 occupancy can leave SMs idle on a 132-SM
-// part); stream-K (its workspace exceeds PeerGroup::kGemmScratchBytes on large shapes).
+// part); stream-K: at the one suite stage with a partial last wave (4096 x 4096 x 28672, 27.15
+// waves) it was <= 1.3% faster on one H200, for ~20 MB more workspace, a workspace memset per
+// launch and stage launches only (the fused ptr-array grids have no stream-K scheduler;
+// docs/performance.md, P3, tools/streamk_probe.cu).
 template <>
 struct ConfigTraits<GemmConfig::kCoop256x128_C2x1> {
   using TileShape = Shape<_256, _128, _64>;
