@@ -92,11 +92,15 @@ def time_rows(label, baseline, baseline_sets, ours, sets, ref, named_envs, opts,
                    "gpu": monitor.stats(e.windows) if monitor is not None else None}
           for e in entries}
   ideal_ms = rows["ideal"].get("ms")
+  ideal_repeats = rows["ideal"].get("ms_repeats") or []
   for name, row in rows.items():
     if name in errors:
       row["rel_err"] = errors[name]
     if ideal_ms and row.get("ms"):
       row["efficiency"] = ideal_ms / row["ms"]
+      # Paired by round (bench_lib.per_round_ratio): spared the rounds' GPU-wide clock dips.
+      row["efficiency_per_round"] = bench_lib.per_round_ratio(ideal_repeats,
+                                                              row.get("ms_repeats") or [])
   return rows
 
 
@@ -218,7 +222,9 @@ def main(argv=None):
             f"{clocks(rows['ideal'].get('gpu'))}")
       for ms, n in ranked:
         r = rows[n]
+        pr = (r.get("efficiency_per_round") or {}).get("median", float("nan"))
         print(f"  {n:32s} {ms:9.4f} ms  eff {r.get('efficiency', float('nan')):.3f}  "
+              f"per round {pr:.3f}  "
               f"spread {r['spread']:.3f}  err {r.get('rel_err', float('nan')):.1e}"
               f"{clocks(r.get('gpu'))}")
       print(results[-1]["tuning"])
