@@ -133,13 +133,15 @@ int main() {
       for (size_t i = 0; i < hd.size(); i += 7) {
         uint32_t x = uint32_t(hd[i]) << 16, y = uint32_t(hs[i]) << 16; float fx, fy;
         memcpy(&fx, &x, 4); memcpy(&fy, &y, 4);
-        maxdiff = std::max(maxdiff, double(fabsf(fx - fy))); maxref = std::max(maxref, double(fabsf(fx)));
+        maxdiff = std::max(maxdiff, double(fabsf(fx - fy)));
+        maxref = std::max(maxref, double(fabsf(fx)));
       }
       float med[4];
       for (int i = 0; i < 4; ++i) { std::sort(t[i].begin(), t[i].end()); med[i] = t[i][2]; }
       double flop = 2.0 * m * n * k;
       printf("m=%d k=%d n=%d raster %s: DP c1x1 %.4f ms (%.0f TF/s), SK c1x1 %.4f (%.0f), "
-             "DP c2x1 %.4f (%.0f), SK c2x1 %.4f (%.0f); SK ws %zu / %zu bytes; SK-DP max %.3g of %.3g; err %s\n",
+             "DP c2x1 %.4f (%.0f), SK c2x1 %.4f (%.0f); SK ws %zu / %zu bytes; "
+             "SK-DP max %.3g of %.3g; err %s\n",
              m, k, n, raster == 1 ? "M" : "N", med[0], flop / med[0] / 1e9, med[1],
              flop / med[1] / 1e9, med[2], flop / med[2] / 1e9, med[3], flop / med[3] / 1e9,
              sk1.ws_bytes, sk2.ws_bytes, maxdiff, maxref, cudaGetErrorString(cudaGetLastError()));
