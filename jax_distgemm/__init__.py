@@ -12,8 +12,11 @@ from jax_distgemm._src.multiprocess import initialize_multiprocess as initialize
 from jax_distgemm._src.partitioning import collective_matmul as collective_matmul
 from jax_distgemm._src.schedules import Schedule as Schedule
 
+from jax_distgemm._src.runtime import clear_tuning as clear_tuning
 from jax_distgemm._src.runtime import describe_tuning as describe_tuning
+from jax_distgemm._src.runtime import load_tuning as load_tuning
 from jax_distgemm._src.runtime import pending_error as pending_error
 from jax_distgemm._src.runtime import reset as reset
+from jax_distgemm._src.runtime import save_tuning as save_tuning
 
 __version__ = "0.1.0"

@@ -9,8 +9,9 @@
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
 # GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
 # "tests/nnx_test.py -k Cuda"), GPU_TEST_K (a pytest -k expression, spaces allowed; with
-# GPU_TEST_ARGS="" it selects within tests/cuda_test.py), SKIP_MP=1 (no multi-process section
-# in the default mode), MP_TIMING=0 (multi-process correctness only, no seed-shape timing).
+# GPU_TEST_ARGS="" it selects within tests/cuda_test.py and tests/cuda_tuning_test.py),
+# SKIP_MP=1 (no multi-process section in the default mode), MP_TIMING=0 (multi-process
+# correctness only, no seed-shape timing).
 # Installs, in order of preference: a cp312 wheel carried in .carry/ (pip wheel . on the dev
 # machine), prebuilt modules in .carry/modules/ (_distgemm_*.so from a CMake build there), else
 # builds from source here (needs CUTLASS headers: pip's nvidia-cutlass or .carry/cutlass_include).
@@ -75,7 +76,7 @@ if [[ "$MODE" == all || "$MODE" == --tests-only ]]; then
   for run in $(seq 1 "${GPU_TEST_RUNS:-2}"); do
     set +e
     K_ARGS=(); [[ -n "${GPU_TEST_K:-}" ]] && K_ARGS=(-k "$GPU_TEST_K")
-    JAX_DISTGEMM_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest -q -rs tests/cuda_test.py ${GPU_TEST_ARGS-tests/nnx_test.py -k Cuda} ${K_ARGS[@]+"${K_ARGS[@]}"} \
+    JAX_DISTGEMM_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest -q -rs tests/cuda_test.py tests/cuda_tuning_test.py ${GPU_TEST_ARGS-tests/nnx_test.py -k Cuda} ${K_ARGS[@]+"${K_ARGS[@]}"} \
       > "$OUT/gpu_tests_run$run.log" 2>&1
     rc=$?
     set -e

@@ -34,6 +34,76 @@ NB_MODULE(_distgemm_cuda, m) {
         "Drain all devices, zero flags and epochs, clear sticky errors. Returns '' or an error.");
   m.def("pending_error", &jax_distgemm::cuda::PendingErrors);
   m.def("describe_tuning", &jax_distgemm::cuda::DescribeTuning);
+  m.def(
+      "export_tuning",
+      []() {
+        // Every settled choice as a dict (autotune.h, TuningRecord; jax_distgemm.save_tuning).
+        nb::list out;
+        for (const auto& r : jax_distgemm::cuda::ExportTuning()) {
+          nb::dict d;
+          d["gpu"] = r.gpu;
+          d["sm_count"] = r.sm_count;
+          d["ab_type"] = r.ab_type;
+          d["d_type"] = r.d_type;
+          d["has_c"] = r.has_c;
+          d["m"] = r.m;
+          d["n"] = r.n;
+          d["k"] = r.k;
+          d["batch"] = r.batch;
+          d["shared_b"] = r.shared_b;
+          d["fused_stages"] = r.fused_stages;
+          d["tune_mode"] = r.tune_mode;
+          d["turn_heat_ms"] = r.turn_heat_ms;
+          d["call_trials"] = r.call_trials;
+          d["config"] = r.config;
+          d["raster"] = r.raster;
+          d["swizzle"] = r.swizzle;
+          d["ms"] = r.ms;
+          d["call_ms"] = std::vector<float>{r.call_ms[0], r.call_ms[1]};
+          out.append(d);
+        }
+        return out;
+      });
+  m.def(
+      "import_tuning",
+      [](nb::list records) {
+        // The inverse of export_tuning (jax_distgemm.load_tuning, which checks the fields'
+        // presence and types first).  Returns how many (record, device) pairs were installed.
+        std::vector<jax_distgemm::cuda::TuningRecord> rs;
+        for (nb::handle h : records) {
+          nb::dict d = nb::cast<nb::dict>(h);
+          jax_distgemm::cuda::TuningRecord r;
+          r.gpu = nb::cast<std::string>(d["gpu"]);
+          r.sm_count = nb::cast<int>(d["sm_count"]);
+          r.ab_type = nb::cast<std::string>(d["ab_type"]);
+          r.d_type = nb::cast<std::string>(d["d_type"]);
+          r.has_c = nb::cast<bool>(d["has_c"]);
+          r.m = nb::cast<int64_t>(d["m"]);
+          r.n = nb::cast<int64_t>(d["n"]);
+          r.k = nb::cast<int64_t>(d["k"]);
+          r.batch = nb::cast<int64_t>(d["batch"]);
+          r.shared_b = nb::cast<bool>(d["shared_b"]);
+          r.fused_stages = nb::cast<int>(d["fused_stages"]);
+          r.tune_mode = nb::cast<std::string>(d["tune_mode"]);
+          r.turn_heat_ms = nb::cast<int>(d["turn_heat_ms"]);
+          r.call_trials = nb::cast<bool>(d["call_trials"]);
+          r.config = nb::cast<std::string>(d["config"]);
+          r.raster = nb::cast<int>(d["raster"]);
+          r.swizzle = nb::cast<int>(d["swizzle"]);
+          r.ms = nb::cast<float>(d["ms"]);
+          const auto call_ms = nb::cast<std::vector<float>>(d["call_ms"]);
+          for (size_t i = 0; i < 2 && i < call_ms.size(); ++i) r.call_ms[i] = call_ms[i];
+          rs.push_back(r);
+        }
+        int installed = 0;
+        if (std::string err = jax_distgemm::cuda::ImportTuning(rs, &installed); !err.empty()) {
+          throw nb::value_error(err.c_str());
+        }
+        return installed;
+      },
+      nb::arg("records"));
+  m.def("clear_tuning", &jax_distgemm::cuda::ClearTuning,
+        "Forget every tuned choice and call trial: each shape tunes again at its next call.");
   m.def("copy_stream_reports", &jax_distgemm::cuda::CopyStreamReports,
         "(ordinal, candidates, independent, note, group, rank) per initialized device of each "
         "peer group: how many streams were tried for its copy stream and whether a blocked wait "

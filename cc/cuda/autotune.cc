@@ -175,10 +175,21 @@ struct CallTrial {
     bool recorded = false, complete = false;
   };
   std::deque<Mark> marks;  // in call order; deque: CallTiming points into it
+  // ImportTuning / ClearTuning replaced the choice: the device's next BeginCall (or tuning of
+  // the key) erases the trial.  Not erased at once: a call in flight may hold a CallTiming
+  // that points into `marks`.
+  bool dropped = false;
 };
 std::map<Key, CallTrial>& Trials() {
   static auto* t = new std::map<Key, CallTrial>();
   return *t;
+}
+
+// Erases a trial and its events.  Only from its own device's calls, between calls (BeginCall,
+// ChooseConfig), where no CallTiming of it is outstanding.
+void DropTrial(std::map<Key, CallTrial>::iterator it) {
+  for (CallTrial::Mark& mark : it->second.marks) cudaEventDestroy(mark.done);
+  Trials().erase(it);
 }
 
 Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override, bool call_trials) {
@@ -389,6 +400,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(Mu());
     Cache()[key] = Choice{best.config, best.swizzle, best.raster, best.ms};
     if (trial && best.config != kChallengerConfig && !challengers.empty()) {
+      if (auto old = Trials().find(key); old != Trials().end()) DropTrial(old);  // (dropped)
       CallTrial& t = Trials()[key];
       t.candidate[0] = best;
       t.candidate[1] = *std::min_element(challengers.begin(), challengers.end(), faster);
@@ -481,6 +493,10 @@ CallTiming BeginCall(GemmLaunch& g) {
   const Key key = MakeKey(g, mode, TurnHeatOverride(mode), CallTrialsEnabled());
   auto it = Trials().find(key);
   if (it == Trials().end()) return timing;
+  if (it->second.dropped) {  // a loaded choice replaced it (ChooseConfig has set g from it)
+    DropTrial(it);
+    return timing;
+  }
   CallTrial& t = it->second;
   const bool all_done = Harvest(t);
   const int per_turn = t.heat_calls + t.timed_calls;
@@ -546,7 +562,7 @@ std::string DescribeTuning() {
     s << ": " << GemmConfigName(c.config)
       << " raster " << RasterName(c.raster) << " swizzle " << c.swizzle << " (" << c.ms
       << " ms)";
-    if (auto t = Trials().find(k); t != Trials().end()) {
+    if (auto t = Trials().find(k); t != Trials().end() && !t->second.dropped) {
       s << "; call trial running (call " << t->second.calls << " of "
         << 2 * kCallTrialRounds * (t->second.heat_calls + t->second.timed_calls) << ")";
     }
@@ -557,6 +573,172 @@ std::string DescribeTuning() {
     s << "\n";
   }
   return s.str();
+}
+
+// -- Saved choices --------------------------------------------------------------------------------
+
+namespace {
+
+struct DeviceModel {
+  std::string name;
+  int sm_count = 0;
+};
+// The model of a device ordinal ("" when CUDA cannot say).
+DeviceModel ModelOf(int ordinal) {
+  DeviceModel d;
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess) {
+    d.name = prop.name;
+    d.sm_count = prop.multiProcessorCount;
+  }
+  cudaGetLastError();
+  return d;
+}
+
+bool ElemFromName(const std::string& name, ElemType* out) {
+  for (ElemType t : {ElemType::kBF16, ElemType::kF16, ElemType::kF32}) {
+    if (name == ElemName(t)) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ConfigFromName(const std::string& name, GemmConfig* out) {
+  for (int i = 0; i < kNumGemmConfigs; ++i) {
+    if (name == GemmConfigName(static_cast<GemmConfig>(i))) {
+      *out = static_cast<GemmConfig>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ModeFromName(const std::string& name, int* out) {
+  for (int mode : {kBurst, kSustained, kCoarse}) {
+    if (name == TuneModeName(mode)) {
+      *out = mode;
+      return true;
+    }
+  }
+  return false;
+}
+
+// A record checked and resolved: the key without its device, and the choice.
+struct Resolved {
+  const TuningRecord* record;
+  ElemType ab, d;
+  GemmConfig config;
+  int mode;
+};
+
+std::string Resolve(const TuningRecord& r, size_t index, Resolved* out) {
+  std::ostringstream err;
+  err << "tuning record " << index << " (" << r.gpu << ", m=" << r.m << " n=" << r.n
+      << " k=" << r.k << "): ";
+  out->record = &r;
+  if (!ElemFromName(r.ab_type, &out->ab) || !ElemFromName(r.d_type, &out->d)) {
+    err << "unknown element type '" << r.ab_type << "' or '" << r.d_type << "'";
+    return err.str();
+  }
+  if (!ConfigFromName(r.config, &out->config)) {
+    err << "unknown kernel config '" << r.config << "'";
+    return err.str();
+  }
+  if (FindGemm(out->config, out->ab, out->d, r.has_c, r.fused_stages > 0) == nullptr) {
+    err << "'" << r.config << "' is not compiled for " << r.ab_type << " -> " << r.d_type
+        << (r.has_c ? " with C" : "") << (r.fused_stages > 0 ? " as a fused grid" : "");
+    return err.str();
+  }
+  if (!ModeFromName(r.tune_mode, &out->mode)) {
+    err << "unknown tuning mode '" << r.tune_mode << "'";
+    return err.str();
+  }
+  if (r.raster < 0 || r.raster > 2 || (r.swizzle != 1 && r.swizzle != 2 && r.swizzle != 4 &&
+                                       r.swizzle != 8)) {
+    err << "raster must be 0, 1 or 2 and swizzle 1, 2, 4 or 8, got " << r.raster << " and "
+        << r.swizzle;
+    return err.str();
+  }
+  if (r.m < 1 || r.n < 1 || r.k < 1 || r.batch < 1 || r.fused_stages < 0 ||
+      r.fused_stages > kMaxFusedStages || r.sm_count < 1) {
+    err << "m, n, k, batch and sm_count must be >= 1 and fused_stages 0-" << kMaxFusedStages;
+    return err.str();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<TuningRecord> ExportTuning() {
+  std::lock_guard<std::mutex> lock(Mu());
+  std::map<int, DeviceModel> models;
+  std::vector<TuningRecord> out;
+  for (const auto& [k, c] : Cache()) {
+    if (auto t = Trials().find(k); t != Trials().end() && !t->second.dropped) continue;
+    const int ordinal = std::get<0>(k);
+    if (!models.count(ordinal)) models[ordinal] = ModelOf(ordinal);
+    TuningRecord r;
+    r.gpu = models[ordinal].name;
+    r.sm_count = models[ordinal].sm_count;
+    r.ab_type = ElemName(static_cast<ElemType>(std::get<1>(k)));
+    r.d_type = ElemName(static_cast<ElemType>(std::get<2>(k)));
+    r.has_c = std::get<3>(k);
+    r.m = std::get<4>(k);
+    r.n = std::get<5>(k);
+    r.k = std::get<6>(k);
+    r.batch = std::get<7>(k);
+    r.shared_b = std::get<8>(k);
+    r.fused_stages = std::get<9>(k);
+    r.tune_mode = TuneModeName(std::get<10>(k));
+    r.turn_heat_ms = std::get<11>(k);
+    r.call_trials = std::get<12>(k);
+    r.config = GemmConfigName(c.config);
+    r.raster = c.raster;
+    r.swizzle = c.swizzle;
+    r.ms = c.ms;
+    r.call_ms[0] = c.call_ms[0];
+    r.call_ms[1] = c.call_ms[1];
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::string ImportTuning(const std::vector<TuningRecord>& records, int* installed) {
+  *installed = 0;
+  std::vector<Resolved> resolved(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (std::string err = Resolve(records[i], i, &resolved[i]); !err.empty()) return err;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  cudaGetLastError();
+  std::vector<DeviceModel> models;
+  for (int ordinal = 0; ordinal < count; ++ordinal) models.push_back(ModelOf(ordinal));
+  std::lock_guard<std::mutex> lock(Mu());
+  for (const Resolved& v : resolved) {
+    const TuningRecord& r = *v.record;
+    for (int ordinal = 0; ordinal < count; ++ordinal) {
+      if (models[ordinal].name != r.gpu || models[ordinal].sm_count != r.sm_count) continue;
+      const Key key{ordinal, static_cast<int>(v.ab), static_cast<int>(v.d), r.has_c, r.m, r.n,
+                    r.k, r.batch, r.shared_b, r.fused_stages, v.mode, r.turn_heat_ms,
+                    r.call_trials};
+      Choice choice{v.config, r.swizzle, r.raster, r.ms};
+      choice.call_ms[0] = r.call_ms[0];
+      choice.call_ms[1] = r.call_ms[1];
+      Cache()[key] = choice;
+      if (auto t = Trials().find(key); t != Trials().end()) t->second.dropped = true;
+      ++*installed;
+    }
+  }
+  return "";
+}
+
+void ClearTuning() {
+  std::lock_guard<std::mutex> lock(Mu());
+  Cache().clear();
+  for (auto& [k, t] : Trials()) t.dropped = true;
 }
 
 }  // namespace jax_distgemm::cuda

@@ -14,7 +14,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/cuda/gemm_kernels.h"
 
@@ -42,5 +44,35 @@ bool CanFuse(ElemType ab_type, ElemType d_type);
 
 // Tuned entries so far, one line each (for logs and the benchmark).
 std::string DescribeTuning();
+
+// -- Saved choices (jax_distgemm.save_tuning / load_tuning) ---------------------------------------
+// One cached choice in a form that outlives the process: the device is named by its model and SM
+// count (not its ordinal), the kernel by its config's name (GemmConfigName), types by ElemName,
+// the tuning mode by name ("sustained", "coarse", "burst").
+struct TuningRecord {
+  std::string gpu;  // cudaDeviceProp::name
+  int sm_count = 0;
+  std::string ab_type, d_type;
+  bool has_c = false;
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool shared_b = false;  // B's batch stride is 0
+  int fused_stages = 0;  // 0: a stage launch
+  std::string tune_mode;
+  int turn_heat_ms = -1;  // JAX_DISTGEMM_TUNE_HEAT_MS, -1 unset
+  bool call_trials = true;  // JAX_DISTGEMM_CALL_TRIAL not 0
+  std::string config;
+  int raster = 0, swizzle = 1;
+  float ms = -1.f;  // the tuner's time for it (informational)
+  float call_ms[2] = {-1.f, -1.f};  // a call trial's verdict, if one ran
+};
+// Every settled choice (a key whose call trial still runs is left out: its choice is not final).
+std::vector<TuningRecord> ExportTuning();
+// Installs `records` for every visible device of the record's model and SM count, replacing
+// what this process chose for the same key (a call trial of that key is dropped).  Checks every
+// record first and installs none if one is invalid (unknown name, config not compiled for its
+// types, bad raster or swizzle): returns "" or the error.  *installed: (record, device) pairs.
+std::string ImportTuning(const std::vector<TuningRecord>& records, int* installed);
+// Forgets every choice and call trial: the next call of each shape tunes again.
+void ClearTuning();
 
 }  // namespace jax_distgemm::cuda

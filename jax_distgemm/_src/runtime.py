@@ -1,6 +1,10 @@
-"""Host-side controls of the CUDA executor: recovery after a timed-out wait, tuning report."""
+"""Host-side controls of the CUDA executor: recovery after a timed-out wait, the tuning report,
+saved tuning choices."""
 
 from __future__ import annotations
+
+import json
+import os
 
 from jax_distgemm import ffi as ffi_modules
 
@@ -34,6 +38,101 @@ def describe_tuning() -> str:
   """The stage GEMM configuration chosen per shape so far (CUDA), one line each."""
   module = ffi_modules.module_for("cuda")
   return "" if module is None else module.describe_tuning()
+
+
+# -- Saved tuning choices -----------------------------------------------------------------------
+
+TUNING_FORMAT = "jax_distgemm tuning"
+TUNING_VERSION = 1
+# Field -> accepted types of one saved choice (cc/cuda/autotune.h, TuningRecord).
+_TUNING_FIELDS = {
+    "gpu": (str,), "sm_count": (int,), "ab_type": (str,), "d_type": (str,), "has_c": (bool,),
+    "m": (int,), "n": (int,), "k": (int,), "batch": (int,), "shared_b": (bool,),
+    "fused_stages": (int,), "tune_mode": (str,), "turn_heat_ms": (int,),
+    "call_trials": (bool,), "config": (str,), "raster": (int,), "swizzle": (int,),
+    "ms": (int, float), "call_ms": (list,),
+}
+
+
+def save_tuning(path) -> int:
+  """Writes every stage-GEMM choice this process has settled (CUDA) to `path` (JSON).
+
+  A choice is keyed by the GPU model and SM count, the types and the stage shape, not by the
+  device ordinal: load_tuning installs it on every GPU of that model.  Choices whose call trial
+  is still running are left out.  Returns how many were written (0 without the CUDA executor).
+  """
+  module = ffi_modules.module_for("cuda")
+  entries = [] if module is None else list(module.export_tuning())
+  data = {"format": TUNING_FORMAT, "version": TUNING_VERSION, "entries": entries}
+  path = os.fspath(path)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(data, f, indent=1)
+  os.replace(tmp, path)  # never a half-written file under `path`
+  return len(entries)
+
+
+def _check_entry(where: str, entry) -> None:
+  if not isinstance(entry, dict):
+    raise ValueError(f"{where}: each entry must be a JSON object, got {type(entry).__name__}")
+  missing = sorted(set(_TUNING_FIELDS) - set(entry))
+  if missing:
+    raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+  for name, types in _TUNING_FIELDS.items():
+    v = entry[name]
+    # JSON's true/false are Python bools, which are ints too: keep them apart.
+    if isinstance(v, bool) != (types == (bool,)) or not isinstance(v, types):
+      want = " or ".join(t.__name__ for t in types)
+      raise ValueError(f"{where}: field {name!r} must be {want}, got {v!r}")
+  call_ms = entry["call_ms"]
+  if len(call_ms) != 2 or not all(
+      isinstance(v, (int, float)) and not isinstance(v, bool) for v in call_ms):
+    raise ValueError(f"{where}: field 'call_ms' must be a list of two numbers, got {call_ms!r}")
+  for name in ("m", "n", "k", "batch", "sm_count"):
+    if entry[name] < 1:
+      raise ValueError(f"{where}: field {name!r} must be >= 1, got {entry[name]}")
+
+
+def load_tuning(path) -> int:
+  """Installs the choices save_tuning wrote, so that their shapes skip tuning (CUDA).
+
+  Each choice goes to every visible GPU of its model and SM count, replacing what this process
+  chose for the same key (types, shape, tuning mode and knobs) and dropping that key's call
+  trial.  A file that does not parse, or any invalid entry, raises ValueError naming the entry
+  and the rule, and installs nothing.  Call it before the calls, or between them as for
+  reset().  Returns how many (choice, GPU) pairs were installed: 0 without the CUDA executor,
+  or where no GPU of the file's models is visible.
+  """
+  path = os.fspath(path)
+  with open(path) as f:
+    try:
+      data = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"jax_distgemm.load_tuning: {path} is not JSON: {e}") from None
+  if (not isinstance(data, dict) or data.get("format") != TUNING_FORMAT or
+      not isinstance(data.get("entries"), list)):
+    raise ValueError(f"jax_distgemm.load_tuning: {path} is not a jax_distgemm tuning file "
+                     f"(want an object with format {TUNING_FORMAT!r} and a list 'entries')")
+  if data.get("version") != TUNING_VERSION:
+    raise ValueError(f"jax_distgemm.load_tuning: {path} has version {data.get('version')!r}; "
+                     f"this jax_distgemm reads version {TUNING_VERSION}")
+  for i, entry in enumerate(data["entries"]):
+    _check_entry(f"jax_distgemm.load_tuning: {path}: entry {i}", entry)
+  module = ffi_modules.module_for("cuda")
+  if module is None:
+    return 0
+  try:
+    return int(module.import_tuning(data["entries"]))
+  except ValueError as e:  # a name this build does not know, a config it did not compile
+    raise ValueError(f"jax_distgemm.load_tuning: {path}: {e}") from None
+
+
+def clear_tuning() -> None:
+  """Forgets every stage-GEMM choice and call trial (CUDA): each shape tunes again at its next
+  call.  No-op without the CUDA executor."""
+  module = ffi_modules.module_for("cuda")
+  if module is not None:
+    module.clear_tuning()
 
 
 def copy_stream_reports() -> list[dict]:
