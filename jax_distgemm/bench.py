@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--no-gpu-monitor", action="store_true",
                  help="GPU: do not sample SM clock and power through NVML (by default each "
                       "row reports its medians over its timed repeats)")
+  g.add_argument("--tuning-file", metavar="PATH",
+                 help="GPU: load the stage-GEMM choices saved in PATH, if it exists, before "
+                      "timing (those shapes skip tuning; every GPU runs the same variant), and "
+                      "save this run's choices to it at the end (jax_distgemm.save_tuning)")
   g.add_argument("--json", metavar="PATH", help="write all results as JSON")
   g.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
   g.add_argument("--list", action="store_true", help="print the cases and exit")
@@ -218,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
   env = bl.environment(devices, platform, note)
+  tuning_loaded = None
+  if args.tuning_file and os.path.exists(args.tuning_file):
+    try:
+      tuning_loaded = runtime.load_tuning(args.tuning_file)
+    except ValueError as e:
+      raise SystemExit(f"jax_distgemm.bench: --tuning-file: {e}") from None
+    print(f"--tuning-file: loaded {tuning_loaded} saved choice(s) x GPU from {args.tuning_file}")
   meta = {
       **env, "argv": argv, "tp": args.tp, "dtype": args.dtype,
       "timing": {"iterations": args.iterations, "warmup_iterations": opts.warmup,
@@ -235,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
       "efficiency": "ideal_ms / ms", "speedup": "best baseline ms / ms",
       "efficiency_per_round": "median and quartiles over rounds of ideal / ours within the "
                               "same round (less clock drift than the ratio of medians)",
+      "tuning_file": args.tuning_file, "tuning_loaded": tuning_loaded,
   }
   print(f"jax_distgemm.bench: {len(cases)} case(s) on {args.tp} x {env['device_kind']} "
         f"({platform}); jax {env['jax']}; CUDA executor built: {env['cuda_executor_built']}")
@@ -277,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
   passed = all(r["passed"] for r in results)
   meta["gpu_monitor"] = monitor.describe()
   meta["copy_streams"] = runtime.copy_stream_reports()
+  if args.tuning_file:
+    meta["tuning_saved"] = runtime.save_tuning(args.tuning_file)
+    print(f"--tuning-file: saved {meta['tuning_saved']} choice(s) to {args.tuning_file}")
   for c in meta["copy_streams"]:
     print(runtime.describe_copy_stream(c))
   if args.json:

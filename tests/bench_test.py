@@ -64,7 +64,9 @@ class BenchEndToEndTest(absltest.TestCase):
     cls.tmp = tempfile.TemporaryDirectory()
     cls.json_path = os.path.join(cls.tmp.name, "bench.json")
     cls.png_path = os.path.join(cls.tmp.name, "bench.png")
-    args = [*TINY, *FAST, "--schedule", "all", "--local-gemm", "--json", cls.json_path]
+    cls.tuning_path = os.path.join(cls.tmp.name, "tuning.json")  # absent: only written
+    args = [*TINY, *FAST, "--schedule", "all", "--local-gemm", "--json", cls.json_path,
+            "--tuning-file", cls.tuning_path]
     if _have_matplotlib():
       args += ["--plot", cls.png_path]
     cls.proc = run_bench(args)
@@ -112,6 +114,17 @@ class BenchEndToEndTest(absltest.TestCase):
                      ("off", "platform cpu"))
     for c in self.data["cases"]:
       self.assertTrue(all(r.get("gpu") is None for r in c["rows"].values()), c["case"]["key"])
+
+  def test_tuning_file_written(self):
+    # No GPU: nothing was tuned, so the file holds no choice, but it is a valid tuning file.
+    meta = self.data["meta"]
+    self.assertEqual(meta["tuning_file"], self.tuning_path)
+    self.assertIsNone(meta["tuning_loaded"])  # it did not exist yet
+    self.assertEqual(meta["tuning_saved"], 0)
+    with open(self.tuning_path) as f:
+      saved = json.load(f)
+    self.assertEqual((saved["format"], saved["entries"]), ("jax_distgemm tuning", []))
+    self.assertEqual(bl.runtime.load_tuning(self.tuning_path), 0)
 
   def test_every_row_measured_or_explained(self):
     cases = self.data["cases"]
@@ -219,6 +232,17 @@ class BenchCliTest(absltest.TestCase):
     self.assertEqual(proc.returncode, 2)
     self.assertIn("--suite", proc.stderr)
 
+
+  def test_bad_tuning_file_stops_before_timing(self):
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, "tuning.json")
+      with open(path, "w") as f:
+        json.dump({"format": "jax_distgemm tuning", "version": 99, "entries": []}, f)
+      proc = run_bench([*TINY, "--no-windowed-einsum", "--tuning-file", path], timeout=300)
+    self.assertEqual(proc.returncode, 1, proc.stderr)
+    self.assertIn("--tuning-file: jax_distgemm.load_tuning:", proc.stderr)
+    self.assertIn("has version 99", proc.stderr)
+    self.assertNotIn("timing:", proc.stderr)
 
   def test_negative_heat_is_rejected(self):
     proc = run_bench(["--heat-ms", "-5", "--list"], timeout=300)
