@@ -67,9 +67,10 @@ class CudaTuningFileTest(absltest.TestCase):
 
   def tuned_entry(self) -> dict:
     self.check_output()  # tunes the shape on GPU 0 if this process has not
+    # One record per device that has the shape: GPU 0 tuned it, a load installs it on all.
     mine = [e for e in ffi_modules.module_for("cuda").export_tuning()
             if (e["m"], e["n"], e["k"]) == (M, N, K)]
-    self.assertLen(mine, 1, mine)
+    self.assertBetween(len(mine), 1, len(GPUS))
     return mine[0]
 
   def test_a_loaded_choice_runs_untuned(self):

@@ -58,6 +58,17 @@ class TuningFileTest(parameterized.TestCase):
     fake.import_tuning.assert_called_once_with([ENTRY])
     self.assertEqual(os.listdir(self.dir), ["tuning.json"])  # no temporary file left
 
+  def test_one_record_per_key(self):
+    # Two devices, one key: an exact duplicate collapses; a different choice with a lower
+    # tuner time wins; another shape stays.
+    faster = {**ENTRY, "config": "Cooperative 128x256x64 cluster 2x1", "ms": 2.5}
+    other = {**ENTRY, "m": 2048}
+    fake = fake_module([ENTRY, ENTRY, faster, other])
+    with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
+      self.assertEqual(jd.save_tuning(self.path), 2)
+    with open(self.path) as f:
+      self.assertEqual(json.load(f)["entries"], [faster, other])
+
   def test_without_the_cuda_module(self):
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=None):
       self.assertEqual(jd.save_tuning(self.path), 0)

@@ -58,11 +58,13 @@ def save_tuning(path) -> int:
   """Writes every stage-GEMM choice this process has settled (CUDA) to `path` (JSON).
 
   A choice is keyed by the GPU model and SM count, the types and the stage shape, not by the
-  device ordinal: load_tuning installs it on every GPU of that model.  Choices whose call trial
-  is still running are left out.  Returns how many were written (0 without the CUDA executor).
+  device ordinal: load_tuning installs it on every GPU of that model.  So one record per key is
+  written: where devices chose differently, the one with the lowest tuner time.  Choices whose
+  call trial is still running are left out.  Returns how many were written (0 without the CUDA
+  executor).
   """
   module = ffi_modules.module_for("cuda")
-  entries = [] if module is None else list(module.export_tuning())
+  entries = _one_per_key([] if module is None else list(module.export_tuning()))
   data = {"format": TUNING_FORMAT, "version": TUNING_VERSION, "entries": entries}
   path = os.fspath(path)
   tmp = f"{path}.tmp{os.getpid()}"
@@ -70,6 +72,26 @@ def save_tuning(path) -> int:
     json.dump(data, f, indent=1)
   os.replace(tmp, path)  # never a half-written file under `path`
   return len(entries)
+
+
+# What a choice is for (its key); the rest of a record is the choice.
+_TUNING_KEY = ("gpu", "sm_count", "ab_type", "d_type", "has_c", "m", "n", "k", "batch",
+               "shared_b", "fused_stages", "tune_mode", "turn_heat_ms", "call_trials")
+
+
+def _one_per_key(entries: list[dict]) -> list[dict]:
+  """One record per key.  The module exports one per device, and a load installs a record on
+  every GPU of its model: where the devices of a model chose differently, keep the choice whose
+  tuner time was lowest (NOTE: each device timed its own candidates; their times compare only
+  as well as the devices do)."""
+  best: dict[tuple, dict] = {}
+  for e in entries:
+    key = tuple(e[f] for f in _TUNING_KEY)
+    ms = e["ms"] if e["ms"] > 0 else float("inf")
+    kept = best.get(key)
+    if kept is None or ms < (kept["ms"] if kept["ms"] > 0 else float("inf")):
+      best[key] = e
+  return list(best.values())
 
 
 def _check_entry(where: str, entry) -> None:
