@@ -504,6 +504,64 @@ class CudaCopyRingTest(parameterized.TestCase):
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 43)
 
 
+class CudaRsGatherTest(parameterized.TestCase):
+  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, read per call):
+  each device pushes its peers the x rows and the w shard they need at the call's start and
+  sums its own rows over every K shard; no running sum travels (executor.cc, EnqueueRsGather).
+  Where it does not apply (TilingB, batches) the automatic path runs."""
+
+  def tearDown(self):
+    os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
+    super().tearDown()
+
+  def paths(self):
+    ordinals = [d.local_hardware_id for d in GPUS[:TP]]
+    rows = ffi_modules.module_for("cuda").last_rs_paths()
+    return sorted((o, path) for o, group, path in rows if group == ordinals)
+
+  @parameterized.product(shape=list(SHAPES), with_c=[False, True])
+  def test_matches_reference(self, shape, with_c):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    m, k, n = SHAPES[shape]
+    m += 16 * TP * (3 + with_c)  # a shape of its own: its stages tune in the call
+    x, w, _ = test_util.random_inputs(hash(("gather", shape, with_c)) % 2**31, (m, k), (k, n),
+                                      jnp.bfloat16)
+    c = None
+    if with_c:
+      c = jax.random.normal(jax.random.key(m), (m, n), jnp.float32).astype(jnp.bfloat16)
+    alpha, beta = (0.5, -0.75) if with_c else (1.0, 0.0)
+    tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
+    self.assertEqual(self.paths(), [(o, "gather") for o in
+                                    sorted(d.local_hardware_id for d in GPUS[:TP])], tuned)
+    self.assertFalse(any("fused" in line for line in tuned), tuned)  # one launch per stage
+
+  def test_falls_back_where_it_does_not_apply(self):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    x, w, _ = test_util.random_inputs(61, (560, 512), (512, 1040), jnp.bfloat16)  # own shape
+    tuned_lines_of_three_calls(self, Schedule.ReduceScatter1D_TilingB_RotatingC, x, w)
+    self.assertNotIn("gather", [path for _, path in self.paths()])
+
+  def test_back_to_back_calls_alternating_shapes(self):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=62)
+
+  def test_alternating_with_the_ring_path(self):
+    # Calls of the two paths interleave: slots and flags of consecutive calls sit in different
+    # parity halves whichever path each took.
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    x, w, _ = test_util.random_inputs(63, (1024, 512), (512, 768), jnp.bfloat16)
+    ref = test_util.reference_np(x, w)
+    f, args = run_global(schedule, x, w)
+    for i in range(6):
+      os.environ["JAX_DISTGEMM_RS_PATH"] = "gather" if i % 2 else "copy_ring"
+      self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {i}")
+
+  def test_missing_peer_push_times_out_and_recovers(self):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"  # device 1 never pushes its operands
+    check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 64)
+
+
 class CudaReliabilityTest(absltest.TestCase):
 
   def test_forced_timeout_reports_error_and_recovers(self):

@@ -63,6 +63,20 @@ size_t SlotBytes(const Problem& p) {
 }
 
 
+// kGather: per parity, TP-1 slots of [x rows (sm x xk) | w shard (wk x wn)], one per source,
+// then min(2, TP-1) local running sums (sm x sn, ping-pong), all after the AllGather-style
+// parity base (Slot's NOTE).
+size_t GatherSlotBytes(const Problem& p) {
+  const size_t isz = ElemSize(p.in_type);
+  return RoundUp(p.sm() * p.xk * isz, kSlotAlign) + RoundUp(p.WElems() * isz, kSlotAlign);
+}
+size_t GatherSumBytes(const Problem& p) {
+  return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
+}
+size_t GatherParityBytes(const Problem& p) {
+  return (p.tp - 1) * GatherSlotBytes(p) + std::min(2, p.tp - 1) * GatherSumBytes(p);
+}
+
 // kCopyRing: where stage i's running sum is written (i < TP-1) and received (i >= 1).
 int RsSendSlot(int i) { return i; }
 int RsRecvSlot(const Problem& p, int i) { return p.tp - 1 + (i - 1); }
@@ -71,10 +85,20 @@ int RsRecvSlot(const Problem& p, int i) { return p.tp - 1 + (i - 1); }
 // depends on this call's slot size: with shape-dependent offsets, call e (parity 0) of a larger
 // shape could overlap call e-1's parity-1 slots, which a slow peer may still read.  Every member
 // holds the same workspace size (same history), so both sides agree on the halves.
-uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+uint8_t* ParityBase(DeviceState& d, uint32_t epoch) {
   const size_t half = (d.workspace_bytes / 2) / kSlotAlign * kSlotAlign;
-  return d.workspace + static_cast<size_t>(epoch & 1u) * half +
-         static_cast<size_t>(index) * SlotBytes(p);
+  return d.workspace + static_cast<size_t>(epoch & 1u) * half;
+}
+uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+  return ParityBase(d, epoch) + static_cast<size_t>(index) * SlotBytes(p);
+}
+
+// kGather: the slot that holds source `index + 1`'s operands (stage index + 1), and running sum j.
+uint8_t* GatherSlot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+  return ParityBase(d, epoch) + static_cast<size_t>(index) * GatherSlotBytes(p);
+}
+uint8_t* GatherSum(DeviceState& d, const Problem& p, uint32_t epoch, int j) {
+  return ParityBase(d, epoch) + (p.tp - 1) * GatherSlotBytes(p) + j * GatherSumBytes(p);
 }
 
 const uint8_t* At(const void* base, int64_t elem_offset, ElemType t) {
@@ -224,8 +248,15 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
 // 2x H200 (docs/performance.md, 2026-11-30) kCopyRing beat kRemoteC at k = 2048 in three runs
 // (0.86-0.88 vs 0.78-0.82 of ideal) and was no better at k >= 4096; kRemoteC matched or beat
 // kPush and kCopyAdd everywhere.
+// kGather's preconditions: one batch and an unbatched w, so that the x rows a peer needs and
+// the w shard are each one contiguous block.  Where they fail, the automatic choice runs.
+bool GatherApplies(const Problem& p) {
+  return p.schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC && p.tp > 1 &&
+         p.batch == 1 && !p.w_batched;
+}
+
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (o.rs_path == kRsAuto) {
+  if (o.rs_path == kRsAuto || (o.rs_path == kRsGather && !GatherApplies(p))) {
     return p.sk() <= 2048 && o.rs_fused != kRsFusedAll ? kRsCopyRing : kRsRemoteC;
   }
   return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
@@ -709,11 +740,102 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
   return Launch(g, stream, epoch, 0, 0);
 }
 
+// ReduceScatter TilingA by gathering operands (kGather).  No running sum travels.  At the
+// call's start every device s pushes each peer t what t needs to sum its own output rows
+// (row block t of M) over s's K shard: x_s's rows of block t (sm x xk, contiguous) and the
+// whole w_s (wk x wn).  Device d then runs one stage per source, its own first:
+//
+//   TP=4, "s" = the K shard of device s, row = device, column = stage:
+//            stage0  stage1  stage2  stage3
+//     dev0    0       1       2       3    -> out (row block 0)
+//     dev1    1       2       3       0    -> out (row block 1)
+//     dev2    2       3       0       1    -> out (row block 2)
+//     dev3    3       0       1       2    -> out (row block 3)
+//   stage i of dev d: A = x_s rows of block d, B = w_s, s = (d+i)%TP; C = the running sum of
+//   stage i-1 (beta 1; stage 0: the caller's C, beta), D = the other running sum (ping-pong),
+//   or out at the last stage.  s pushed into d's slot i-1 and set d's flag(i).
+//
+// Source and push target are AllGather RotatingA's (RsGatherIndex).  Bytes per peer: sm*xk +
+// wk*wn against the ring's sm*sn per stage, the same at RS 8192,4096,4096 (TP=2), but they
+// travel from the call's start, as an AllGather's shard does, instead of behind a stage
+// (docs/design.md).  Slots, flags and epochs as the AllGather path: a push of call e into
+// parity e%2 needs the target to have started call e-1 (its stage 1 of call e-1 waited for
+// this device's push of e-1), so its reads of call e-2 are done.  The running sums are local
+// and stream-ordered.  NOTE: stage i reads the sum stage i-1 wrote (and overwrites the one
+// stage i-2 wrote, which stage i-1 read): no launch overlaps the previous one.  NOTE: D is
+// never C, so the tuner's trial launches (which scribble on D) cannot spoil a stage's input.
+using RsGatherIndex = AllGather1D_TilingCD_RotatingA;
+
+template <class Sched>
+std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
+                            const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+  DeviceState& me = group.dev(rank);
+  const int tp = p.tp;
+  const size_t isz = ElemSize(p.in_type);
+  const size_t x_bytes = static_cast<size_t>(p.sm() * p.xk) * isz;
+  const size_t w_bytes = static_cast<size_t>(p.WElems()) * isz;
+  const size_t w_at = RoundUp(x_bytes, kSlotAlign);  // the w shard's offset in a slot
+  const int my_tile = Sched::OutputTile(rank, tp - 1, tp);
+
+  // Pushes on the copy stream, after the inputs are ready on the main stream.
+  if (cudaEventRecord(me.fork, stream) != cudaSuccess ||
+      cudaStreamWaitEvent(me.copy_stream, me.fork, 0) != cudaSuccess) {
+    return CudaFailure("fork copy stream");
+  }
+  for (int i = 1; i < tp && !o.skip_signals; ++i) {
+    const int t = RsGatherIndex::PushTarget(rank, i, tp);
+    DeviceState& target = group.dev(t);
+    uint8_t* dst = GatherSlot(target, p, epoch, i - 1);
+    const MatrixView av = p.AView(Sched::OutputTile(t, tp - 1, tp));
+    cudaError_t e = cudaMemcpyAsync(dst, At(b.x, av.offset, p.in_type), x_bytes,
+                                    cudaMemcpyDeviceToDevice, me.copy_stream);
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(dst + w_at, b.w, w_bytes, cudaMemcpyDeviceToDevice, me.copy_stream);
+    }
+    if (e == cudaSuccess) {
+      e = StreamWriteValue32(me.copy_stream, target.flags + FlagIndex(i, 0), epoch);
+    }
+    if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
+  }
+  if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess) {
+    return CudaFailure("join copy stream");
+  }
+
+  const MatrixView av = p.AView(my_tile), bv = p.BView(my_tile), ov = p.OutView(my_tile);
+  const MatrixView pv = p.PartialView();
+  for (int i = 0; i < tp; ++i) {
+    const bool last = i == tp - 1;
+    GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+    if (i == 0) {
+      SetA(g.ops, At(b.x, av.offset, p.in_type), av);
+      SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
+      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
+    } else {
+      const uint8_t* slot = GatherSlot(me, p, epoch, i - 1);
+      SetA(g.ops, slot, MatrixView{0, p.xk, p.sm() * p.xk});
+      SetB(g.ops, slot + w_at, MatrixView{0, p.wn, 0});
+      SetC(g.ops, GatherSum(me, p, epoch, (i - 1) % 2), pv, 1.f);
+      SetWait(g.sync, me, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
+    }
+    if (last) {
+      SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
+    } else {
+      SetD(g.ops, GatherSum(me, p, epoch, i % 2), pv);
+    }
+    if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
+  }
+  // XLA may reuse x and w once we return: the pushes that read them must be done by then.
+  if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
+  return "";
+}
+
 template <class Sched>
 std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o,
                                  cudaStream_t stream, uint32_t epoch) {
   const RsPath path = ChooseRsPath(p, o);
+  group.dev(rank).last_rs_path = path;
+  if (path == kRsGather) return EnqueueRsGather<Sched>(p, rank, group, b, o, stream, epoch);
   if (path == kRsCopyRing) return EnqueueRsCopyRing<Sched>(p, rank, group, b, o, stream, epoch);
   if ((path == kRsRemoteC || path == kRsPush) && FusesReduceScatter(p, o)) {
     return EnqueueRsFused<Sched>(p, rank, group, b, o, stream, epoch, path == kRsPush);
@@ -780,6 +902,7 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
 // Slots per parity.  AllGather: TP-1, one per stage that receives.  ReduceScatter, by path:
 // kRemoteC and kPush TP-1 (slots 0..TP-2), kCopyAdd (TP=2) 2 (0: local partial, 1: received),
 // kCopyRing 2*(TP-1) (send slots 0..TP-2, receive slots TP-1..2*TP-3: RsSendSlot / RsRecvSlot).
+// kGather lays out its own (GatherParityBytes).
 // The workspace only grows, so after a path change it may hold more than this call needs.
 int SlotsPerParity(const Problem& p, const CallOptions& o) {
   if (IsAllGather(p.schedule)) return p.tp - 1;
@@ -792,7 +915,22 @@ int SlotsPerParity(const Problem& p, const CallOptions& o) {
 
 size_t WorkspaceBytes(const Problem& p, const CallOptions& o) {
   // Parity halves (Slot): the workspace is two equal halves, each holding a parity's slots.
-  return p.tp <= 1 ? 0 : 2 * static_cast<size_t>(SlotsPerParity(p, o)) * SlotBytes(p);
+  if (p.tp <= 1) return 0;
+  if (!IsAllGather(p.schedule) && ChooseRsPath(p, o) == kRsGather) {
+    return 2 * GatherParityBytes(p);
+  }
+  return 2 * static_cast<size_t>(SlotsPerParity(p, o)) * SlotBytes(p);
+}
+
+const char* RsPathName(int path) {
+  switch (path) {
+    case kRsRemoteC: return "remote_c";
+    case kRsPush: return "push";
+    case kRsCopyAdd: return "copy_add";
+    case kRsCopyRing: return "copy_ring";
+    case kRsGather: return "gather";
+    default: return "";
+  }
 }
 
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
