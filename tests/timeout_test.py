@@ -120,6 +120,20 @@ class TimeoutTest(parameterized.TestCase):
                         phase=phase, fault_phase=fault_phase)
     self.assertCorrect(f, x, w, ref)  # the next call is clean
 
+  def test_rs_gather_peer_lost_before_closing_times_out(self):
+    """JAX_DISTGEMM_RS_PATH=gather (ReduceScatter TilingA by gathering operands) has two
+    barriers, not TP+1: a peer that stops before the second is reported at the closing barrier
+    of this path, whose message says what peers still read (so the path is the one that ran)."""
+    mesh = tu.mesh_1d(4)
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "gather"}):
+      f, x, w, ref = _build(Schedule.ReduceScatter1D_TilingA_RotatingC, mesh, "tp",
+                            timeout_ms=TIMEOUT_MS)
+      self.assertCorrect(f, x, w, ref)
+      self.assertTimesOut(f, x, w, fault_ordinal=2, timeout_ms=TIMEOUT_MS, missing_rank=2,
+                          phase="the closing barrier (peers still reading this x and w)",
+                          fault_phase=1)
+      self.assertCorrect(f, x, w, ref)
+
   @parameterized.named_parameters(
       ("all_gather_rotating_a", Schedule.AllGather1D_TilingCD_RotatingA, 2),
       ("all_gather_rotating_b", Schedule.AllGather1D_TilingCD_RotatingB, 0),

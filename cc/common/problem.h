@@ -58,6 +58,11 @@ struct Problem {
   double Flops() const { return 2.0 * tp * batch * sm() * sn() * sk(); }
 };
 
+// Whether ReduceScatter by gathering operands (ReduceScatter1D_TilingA_Gather) can run `p`:
+// TilingA, TP > 1, one batch and an unbatched w (the x rows a peer needs and w are then each
+// one contiguous block).
+bool RsGatherApplies(const Problem& p);
+
 // Builds the problem from the local buffer shapes.  Returns an empty string on success, else a
 // message that names the offending argument and the rule it breaks.
 std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,

@@ -248,15 +248,9 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
 // 2x H200 (docs/performance.md, 2026-11-30) kCopyRing beat kRemoteC at k = 2048 in three runs
 // (0.86-0.88 vs 0.78-0.82 of ideal) and was no better at k >= 4096; kRemoteC matched or beat
 // kPush and kCopyAdd everywhere.
-// kGather's preconditions: one batch and an unbatched w, so that the x rows a peer needs and
-// the w shard are each one contiguous block.  Where they fail, the automatic choice runs.
-bool GatherApplies(const Problem& p) {
-  return p.schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC && p.tp > 1 &&
-         p.batch == 1 && !p.w_batched;
-}
-
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (o.rs_path == kRsAuto || (o.rs_path == kRsGather && !GatherApplies(p))) {
+  // kGather where RsGatherApplies (problem.h); elsewhere the automatic choice.
+  if (o.rs_path == kRsAuto || (o.rs_path == kRsGather && !RsGatherApplies(p))) {
     return p.sk() <= 2048 && o.rs_fused != kRsFusedAll ? kRsCopyRing : kRsRemoteC;
   }
   return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
@@ -740,31 +734,22 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
   return Launch(g, stream, epoch, 0, 0);
 }
 
-// ReduceScatter TilingA by gathering operands (kGather).  No running sum travels.  At the
-// call's start every device s pushes each peer t what t needs to sum its own output rows
-// (row block t of M) over s's K shard: x_s's rows of block t (sm x xk, contiguous) and the
-// whole w_s (wk x wn).  Device d then runs one stage per source, its own first:
-//
-//   TP=4, "s" = the K shard of device s, row = device, column = stage:
-//            stage0  stage1  stage2  stage3
-//     dev0    0       1       2       3    -> out (row block 0)
-//     dev1    1       2       3       0    -> out (row block 1)
-//     dev2    2       3       0       1    -> out (row block 2)
-//     dev3    3       0       1       2    -> out (row block 3)
-//   stage i of dev d: A = x_s rows of block d, B = w_s, s = (d+i)%TP; C = the running sum of
-//   stage i-1 (beta 1; stage 0: the caller's C, beta), D = the other running sum (ping-pong),
-//   or out at the last stage.  s pushed into d's slot i-1 and set d's flag(i).
-//
-// Source and push target are AllGather RotatingA's (RsGatherIndex).  Bytes per peer: sm*xk +
-// wk*wn against the ring's sm*sn per stage, the same at RS 8192,4096,4096 (TP=2), but they
-// travel from the call's start, as an AllGather's shard does, instead of behind a stage
-// (docs/design.md).  Slots, flags and epochs as the AllGather path: a push of call e into
-// parity e%2 needs the target to have started call e-1 (its stage 1 of call e-1 waited for
-// this device's push of e-1), so its reads of call e-2 are done.  The running sums are local
-// and stream-ordered.  NOTE: stage i reads the sum stage i-1 wrote (and overwrites the one
-// stage i-2 wrote, which stage i-1 read): no launch overlaps the previous one.  NOTE: D is
-// never C, so the tuner's trial launches (which scribble on D) cannot spoil a stage's input.
-using RsGatherIndex = AllGather1D_TilingCD_RotatingA;
+// ReduceScatter TilingA by gathering operands (kGather; the index math and its diagram are
+// ReduceScatter1D_TilingA_Gather's, cc/schedules/ring_1d.h).  At the call's start device s
+// pushes each peer t x_s's rows of t's block (sm x xk, contiguous) and the whole w_s (wk x wn)
+// into t's slot, then sets t's flag.  Stage i of device d: A = x_s rows of blk d, B = w_s
+// (its own at stage 0, else slot i-1 after flag(i)); C = the running sum of stage i-1 (beta 1;
+// stage 0: the caller's C, beta); D = the other running sum (ping-pong), or out at the last
+// stage.  Bytes per peer: sm*xk + wk*wn against the ring's sm*sn per stage, the same at RS
+// 8192,4096,4096 (TP=2), but they travel from the call's start, as an AllGather's shard does,
+// instead of behind a stage (docs/design.md).  Slots, flags and epochs as the AllGather path: a
+// push of call e into parity e%2 needs the target to have started call e-1 (its stage 1 of
+// call e-1 waited for this device's push of e-1), so its reads of call e-2 are done.  The
+// running sums are local and stream-ordered.  NOTE: stage i reads the sum stage i-1 wrote (and
+// overwrites the one stage i-2 wrote, which stage i-1 read): no launch overlaps the previous
+// one.  NOTE: D is never C, so the tuner's trial launches (which scribble on D) cannot spoil a
+// stage's input.
+using RsGatherIndex = ReduceScatter1D_TilingA_Gather;
 
 template <class Sched>
 std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
