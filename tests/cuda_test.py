@@ -508,10 +508,12 @@ class CudaRsGatherTest(parameterized.TestCase):
   """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, read per call):
   each device pushes its peers the x rows and the w shard they need at the call's start and
   sums its own rows over every K shard; no running sum travels (executor.cc, EnqueueRsGather).
-  Where it does not apply (TilingB, batches) the automatic path runs."""
+  One launch per stage, or one grid with JAX_DISTGEMM_RS_FUSED=1.  Where it does not apply
+  (TilingB, batches) the automatic path runs."""
 
   def tearDown(self):
     os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
+    os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
     super().tearDown()
 
   def paths(self):
@@ -519,12 +521,13 @@ class CudaRsGatherTest(parameterized.TestCase):
     rows = ffi_modules.module_for("cuda").last_rs_paths()
     return sorted((o, path) for o, group, path in rows if group == ordinals)
 
-  @parameterized.product(shape=list(SHAPES), with_c=[False, True])
-  def test_matches_reference(self, shape, with_c):
+  @parameterized.product(shape=list(SHAPES), with_c=[False, True], mode=["0", "1"])
+  def test_matches_reference(self, shape, with_c, mode):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
     m, k, n = SHAPES[shape]
-    m += 16 * TP * (3 + with_c)  # a shape of its own: its stages tune in the call
+    m += 16 * TP * (3 + with_c + 2 * (mode == "1"))  # a shape of its own: it tunes in the call
     x, w, _ = test_util.random_inputs(hash(("gather", shape, with_c)) % 2**31, (m, k), (k, n),
                                       jnp.bfloat16)
     c = None
@@ -534,7 +537,8 @@ class CudaRsGatherTest(parameterized.TestCase):
     tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
     self.assertEqual(self.paths(), [(o, "gather") for o in
                                     sorted(d.local_hardware_id for d in GPUS[:TP])], tuned)
-    self.assertFalse(any("fused" in line for line in tuned), tuned)  # one launch per stage
+    self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
+                     tuned)
 
   def test_falls_back_where_it_does_not_apply(self):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
@@ -542,8 +546,10 @@ class CudaRsGatherTest(parameterized.TestCase):
     tuned_lines_of_three_calls(self, Schedule.ReduceScatter1D_TilingB_RotatingC, x, w)
     self.assertNotIn("gather", [path for _, path in self.paths()])
 
-  def test_back_to_back_calls_alternating_shapes(self):
+  @parameterized.parameters("0", "1")
+  def test_back_to_back_calls_alternating_shapes(self, mode):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=62)
 
   def test_alternating_with_the_ring_path(self):
@@ -557,8 +563,10 @@ class CudaRsGatherTest(parameterized.TestCase):
       os.environ["JAX_DISTGEMM_RS_PATH"] = "gather" if i % 2 else "copy_ring"
       self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {i}")
 
-  def test_missing_peer_push_times_out_and_recovers(self):
+  @parameterized.parameters("0", "1")
+  def test_missing_peer_push_times_out_and_recovers(self, mode):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"  # device 1 never pushes its operands
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 64)
 
 

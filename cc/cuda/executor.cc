@@ -64,8 +64,8 @@ size_t SlotBytes(const Problem& p) {
 
 
 // kGather: per parity, TP-1 slots of [x rows (sm x xk) | w shard (wk x wn)], one per source,
-// then min(2, TP-1) local running sums (sm x sn, ping-pong), all after the AllGather-style
-// parity base (Slot's NOTE).
+// then TP-1 local running sums (sm x sn, one per stage but the last), from the parity base
+// (Slot's NOTE).
 size_t GatherSlotBytes(const Problem& p) {
   const size_t isz = ElemSize(p.in_type);
   return RoundUp(p.sm() * p.xk * isz, kSlotAlign) + RoundUp(p.WElems() * isz, kSlotAlign);
@@ -74,7 +74,7 @@ size_t GatherSumBytes(const Problem& p) {
   return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
 }
 size_t GatherParityBytes(const Problem& p) {
-  return (p.tp - 1) * GatherSlotBytes(p) + std::min(2, p.tp - 1) * GatherSumBytes(p);
+  return (p.tp - 1) * (GatherSlotBytes(p) + GatherSumBytes(p));
 }
 
 // kCopyRing: where stage i's running sum is written (i < TP-1) and received (i >= 1).
@@ -738,18 +738,30 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
 // ReduceScatter1D_TilingA_Gather's, cc/schedules/ring_1d.h).  At the call's start device s
 // pushes each peer t x_s's rows of t's block (sm x xk, contiguous) and the whole w_s (wk x wn)
 // into t's slot, then sets t's flag.  Stage i of device d: A = x_s rows of blk d, B = w_s
-// (its own at stage 0, else slot i-1 after flag(i)); C = the running sum of stage i-1 (beta 1;
-// stage 0: the caller's C, beta); D = the other running sum (ping-pong), or out at the last
-// stage.  Bytes per peer: sm*xk + wk*wn against the ring's sm*sn per stage, the same at RS
-// 8192,4096,4096 (TP=2), but they travel from the call's start, as an AllGather's shard does,
-// instead of behind a stage (docs/design.md).  Slots, flags and epochs as the AllGather path: a
-// push of call e into parity e%2 needs the target to have started call e-1 (its stage 1 of
-// call e-1 waited for this device's push of e-1), so its reads of call e-2 are done.  The
-// running sums are local and stream-ordered.  NOTE: stage i reads the sum stage i-1 wrote (and
-// overwrites the one stage i-2 wrote, which stage i-1 read): no launch overlaps the previous
-// one.  NOTE: D is never C, so the tuner's trial launches (which scribble on D) cannot spoil a
+// (its own at stage 0, else slot i-1 after flag(i)); C = running sum i-1 (beta 1; stage 0:
+// the caller's C, beta); D = running sum i, or out at the last stage.  Bytes per peer: sm*xk +
+// wk*wn against the ring's sm*sn per stage, the same at RS 8192,4096,4096 (TP=2), but they
+// travel from the call's start, as an AllGather's shard does, instead of behind a stage
+// (docs/design.md).  Slots, flags and epochs as the AllGather path: a push of call e into
+// parity e%2 needs the target to have started call e-1 (its stage 1 of call e-1 waited for
+// this device's push of e-1), so its reads of call e-2 are done.  The running sums are local.
+// NOTE: D is never C, so the tuner's trial launches (which scribble on D) cannot spoil a
 // stage's input.
+//
+// Stage launches by default: stage i reads the sum stage i-1 wrote, so no launch overlaps the
+// previous one.  With JAX_DISTGEMM_RS_FUSED=1, one grid (the fused kernel with C): batch i's
+// mainloop waits for flag(i) (FlagWaitMainloop, as the AllGather grid), its epilogue's C for
+// the grid's own LocalDoneFlag(i-1), set once every tile of batch i-1 is stored (the fused
+// copy ring's completion count):
+//
+//   grid (SMs) : [s0 tiles] [s1 tiles: mainloop waits flag(1) | epilogue C waits done(0)] ...
+//                         |done(0)
+//   copy stream: push x rows, w -> right.flag(1)=e  (from the call's start)
 using RsGatherIndex = ReduceScatter1D_TilingA_Gather;
+
+bool FusesRsGather(const Problem& p, const CallOptions& o) {
+  return o.rs_fused != kRsFusedOff && p.tp <= kMaxFusedStages && CanFuse(p.in_type, p.out_type);
+}
 
 template <class Sched>
 std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
@@ -786,28 +798,60 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
     return CudaFailure("join copy stream");
   }
 
+  const bool fused = FusesRsGather(p, o);
   const MatrixView av = p.AView(my_tile), bv = p.BView(my_tile), ov = p.OutView(my_tile);
   const MatrixView pv = p.PartialView();
+  GemmLaunch grid = RsFusedLaunch(p, me, o, group.error(), rank, epoch, /*chunks=*/1);
+  GemmOperands first;
   for (int i = 0; i < tp; ++i) {
     const bool last = i == tp - 1;
     GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+    const void* sum_in = i == 0 ? nullptr : GatherSum(me, p, epoch, i - 1);
     if (i == 0) {
       SetA(g.ops, At(b.x, av.offset, p.in_type), av);
       SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
-      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
     } else {
       const uint8_t* slot = GatherSlot(me, p, epoch, i - 1);
       SetA(g.ops, slot, MatrixView{0, p.xk, p.sm() * p.xk});
       SetB(g.ops, slot + w_at, MatrixView{0, p.wn, 0});
-      SetC(g.ops, GatherSum(me, p, epoch, (i - 1) % 2), pv, 1.f);
-      SetWait(g.sync, me, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
     }
     if (last) {
       SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
     } else {
-      SetD(g.ops, GatherSum(me, p, epoch, i % 2), pv);
+      SetD(g.ops, GatherSum(me, p, epoch, i), pv);
+    }
+    if (fused) {
+      grid.ops.a = g.ops.a;
+      grid.ops.lda = g.ops.lda;
+      grid.ops.b = g.ops.b;
+      grid.ops.ldb = g.ops.ldb;
+      grid.ops.d = g.ops.d;
+      grid.ops.ldd = g.ops.ldd;
+      if (!AddRsBatch(grid, i, sum_in, pv, &first)) return "fused gather: stage views differ";
+      FusedStages& f = grid.fused;
+      if (i == 0 && b.c != nullptr) {  // the caller's C, once (its rows are out's: ld sn)
+        f.c[0] = At(b.c, ov.offset, p.out_type);
+        f.beta[0] = p.beta;
+      }
+      if (i > 0) {
+        f.wait_flag[i] = me.flags + FlagIndex(i, 0);
+        f.c_wait_flag[i] = me.flags + LocalDoneFlag(i - 1, 0);
+        f.peer[i] = RsGatherIndex::Source(rank, i, tp);
+      }
+      if (!last) f.done_flag[i] = me.flags + LocalDoneFlag(i, 0);
+      continue;
+    }
+    if (i == 0) {
+      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
+    } else {
+      SetC(g.ops, sum_in, pv, 1.f);
+      SetWait(g.sync, me, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
     }
     if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
+  }
+  if (fused) {
+    FinishRsBatches(grid, pv, epoch);
+    if (std::string err = Launch(grid, stream, epoch, 0, 0); !err.empty()) return err;
   }
   // XLA may reuse x and w once we return: the pushes that read them must be done by then.
   if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
