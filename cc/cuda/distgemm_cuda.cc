@@ -203,11 +203,20 @@ std::string PendingErrors() {
   return "";
 }
 
+// The group's members' local ordinals in rank order (-1: another process's): the `group` of
+// LastRsPaths' and CopyStreamReports' rows.
+namespace {
+std::vector<int> MemberOrdinals(PeerGroup& g) {
+  std::vector<int> members;
+  for (int r = 0; r < g.tp(); ++r) members.push_back(g.dev(r).ordinal);
+  return members;
+}
+}  // namespace
+
 std::vector<std::tuple<int, std::vector<int>, std::string>> LastRsPaths() {
   std::vector<std::tuple<int, std::vector<int>, std::string>> out;
   for (PeerGroup* g : AllPeerGroups()) {
-    std::vector<int> members;
-    for (int r = 0; r < g->tp(); ++r) members.push_back(g->dev(r).ordinal);
+    const std::vector<int> members = MemberOrdinals(*g);
     for (int r = 0; r < g->tp(); ++r) {
       const DeviceState& d = g->dev(r);
       if (d.ordinal >= 0) out.emplace_back(d.ordinal, members, RsPathName(d.last_rs_path));
@@ -219,8 +228,7 @@ std::vector<std::tuple<int, std::vector<int>, std::string>> LastRsPaths() {
 std::vector<CopyStreamRow> CopyStreamReports() {
   std::vector<CopyStreamRow> out;
   for (PeerGroup* g : AllPeerGroups()) {
-    std::vector<int> members;
-    for (int r = 0; r < g->tp(); ++r) members.push_back(g->dev(r).ordinal);
+    const std::vector<int> members = MemberOrdinals(*g);
     for (int r = 0; r < g->tp(); ++r) {
       const DeviceState& d = g->dev(r);
       if (d.ordinal < 0 || d.copy_stream == nullptr) continue;
