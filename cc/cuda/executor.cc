@@ -798,37 +798,33 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
     return CudaFailure("join copy stream");
   }
 
-  const bool fused = FusesRsGather(p, o);
   const MatrixView av = p.AView(my_tile), bv = p.BView(my_tile), ov = p.OutView(my_tile);
   const MatrixView pv = p.PartialView();
-  GemmLaunch grid = RsFusedLaunch(p, me, o, group.error(), rank, epoch, /*chunks=*/1);
-  GemmOperands first;
-  for (int i = 0; i < tp; ++i) {
-    const bool last = i == tp - 1;
-    GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-    const void* sum_in = i == 0 ? nullptr : GatherSum(me, p, epoch, i - 1);
+  // Stage i's A, B (its own shard at stage 0, else slot i-1) and D (running sum i, or out).
+  auto set_stage = [&](GemmOperands& ops, int i) {
     if (i == 0) {
-      SetA(g.ops, At(b.x, av.offset, p.in_type), av);
-      SetB(g.ops, At(b.w, bv.offset, p.in_type), bv);
+      SetA(ops, At(b.x, av.offset, p.in_type), av);
+      SetB(ops, At(b.w, bv.offset, p.in_type), bv);
     } else {
       const uint8_t* slot = GatherSlot(me, p, epoch, i - 1);
-      SetA(g.ops, slot, MatrixView{0, p.xk, p.sm() * p.xk});
-      SetB(g.ops, slot + w_at, MatrixView{0, p.wn, 0});
+      SetA(ops, slot, MatrixView{0, p.xk, p.sm() * p.xk});
+      SetB(ops, slot + w_at, MatrixView{0, p.wn, 0});
     }
-    if (last) {
-      SetD(g.ops, At(b.out, ov.offset, p.out_type), ov);
+    if (i == tp - 1) {
+      SetD(ops, At(b.out, ov.offset, p.out_type), ov);
     } else {
-      SetD(g.ops, GatherSum(me, p, epoch, i), pv);
+      SetD(ops, GatherSum(me, p, epoch, i), pv);
     }
-    if (fused) {
-      grid.ops.a = g.ops.a;
-      grid.ops.lda = g.ops.lda;
-      grid.ops.b = g.ops.b;
-      grid.ops.ldb = g.ops.ldb;
-      grid.ops.d = g.ops.d;
-      grid.ops.ldd = g.ops.ldd;
-      if (!AddRsBatch(grid, i, sum_in, pv, &first)) return "fused gather: stage views differ";
-      FusedStages& f = grid.fused;
+  };
+  if (FusesRsGather(p, o)) {
+    GemmLaunch grid = RsFusedLaunch(p, me, o, group.error(), rank, epoch, /*chunks=*/1);
+    FusedStages& f = grid.fused;
+    GemmOperands first;
+    for (int i = 0; i < tp; ++i) {
+      set_stage(grid.ops, i);
+      if (!AddRsBatch(grid, i, i == 0 ? nullptr : GatherSum(me, p, epoch, i - 1), pv, &first)) {
+        return "fused gather: stage views differ";
+      }
       if (i == 0 && b.c != nullptr) {  // the caller's C, once (its rows are out's: ld sn)
         f.c[0] = At(b.c, ov.offset, p.out_type);
         f.beta[0] = p.beta;
@@ -838,20 +834,22 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
         f.c_wait_flag[i] = me.flags + LocalDoneFlag(i - 1, 0);
         f.peer[i] = RsGatherIndex::Source(rank, i, tp);
       }
-      if (!last) f.done_flag[i] = me.flags + LocalDoneFlag(i, 0);
-      continue;
+      if (i < tp - 1) f.done_flag[i] = me.flags + LocalDoneFlag(i, 0);
     }
-    if (i == 0) {
-      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
-    } else {
-      SetC(g.ops, sum_in, pv, 1.f);
-      SetWait(g.sync, me, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
-    }
-    if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
-  }
-  if (fused) {
     FinishRsBatches(grid, pv, epoch);
     if (std::string err = Launch(grid, stream, epoch, 0, 0); !err.empty()) return err;
+  } else {
+    for (int i = 0; i < tp; ++i) {
+      GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+      set_stage(g.ops, i);
+      if (i == 0) {
+        if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
+      } else {
+        SetC(g.ops, GatherSum(me, p, epoch, i - 1), pv, 1.f);
+        SetWait(g.sync, me, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
+      }
+      if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
+    }
   }
   // XLA may reuse x and w once we return: the pushes that read them must be done by then.
   if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
