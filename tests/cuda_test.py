@@ -454,13 +454,18 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
 
 
 class CudaCopyRingTest(parameterized.TestCase):
-  """ReduceScatter copy_ring (the default where the stage k <= 2048): one fused grid for every
-  (stage, chunk) where TP x chunks <= 8 and the chunks have equal rows; the grid marks each
-  chunk stored, the copy stream waits for the mark and pushes it.  JAX_DISTGEMM_RS_FUSED=0 and
-  JAX_DISTGEMM_RS_CHUNKS are read per call."""
+  """ReduceScatter copy_ring (the default where the stage k <= 2048, unless the gather path
+  moves no more bytes; asked for by name here): one fused grid for every (stage, chunk) where
+  TP x chunks <= 8 and the chunks have equal rows; the grid marks each chunk stored, the copy
+  stream waits for the mark and pushes it.  JAX_DISTGEMM_RS_FUSED=0 and JAX_DISTGEMM_RS_CHUNKS
+  are read per call."""
+
+  def setUp(self):
+    super().setUp()
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "copy_ring"
 
   def tearDown(self):
-    for k in ("JAX_DISTGEMM_RS_FUSED", "JAX_DISTGEMM_RS_CHUNKS"):
+    for k in ("JAX_DISTGEMM_RS_FUSED", "JAX_DISTGEMM_RS_CHUNKS", "JAX_DISTGEMM_RS_PATH"):
       os.environ.pop(k, None)
     super().tearDown()
 
@@ -505,7 +510,8 @@ class CudaCopyRingTest(parameterized.TestCase):
 
 
 class CudaRsGatherTest(parameterized.TestCase):
-  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, read per call):
+  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, read per call, or
+  the automatic path where it moves no more bytes than the ring):
   each device pushes its peers the x rows and the w shard they need at the call's start and
   sums its own rows over every K shard; no running sum travels (executor.cc, EnqueueRsGather).
   One launch per stage, or one grid with JAX_DISTGEMM_RS_FUSED=1.  Where it does not apply
@@ -539,6 +545,18 @@ class CudaRsGatherTest(parameterized.TestCase):
                                     sorted(d.local_hardware_id for d in GPUS[:TP])], tuned)
     self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
                      tuned)
+
+  def test_automatic_where_it_moves_no_more_bytes(self):
+    # Unset JAX_DISTGEMM_RS_PATH: gather where sk (sm + sn) <= sm sn (problem.h), else the ring.
+    # Stages: (sm, sk, sn) = (512, 256, 1024): 393216 <= 524288, gather; (256, 512, 512):
+    # 524288 > 131072, copy ring (sk <= 2048).
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    for (m, k, n), want in (((1024, 512, 1024), "gather"), ((512, 1024, 512), "copy_ring")):
+      x, w, _ = test_util.random_inputs(m + k + n, (m, k), (k, n), jnp.bfloat16)
+      f, args = run_global(schedule, x, w)
+      self.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
+      self.assertEqual(self.paths(), [(o, want) for o in
+                                      sorted(d.local_hardware_id for d in GPUS[:TP])])
 
   def test_falls_back_where_it_does_not_apply(self):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"

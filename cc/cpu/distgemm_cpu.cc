@@ -150,12 +150,20 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
                    timeout);
 }
 
-// JAX_DISTGEMM_RS_PATH=gather (read per call; the same in every process of a group, as on
-// CUDA) where it applies: ReduceScatter TilingA by gathering operands, as the CUDA executor's
-// kGather path runs it (ReduceScatter1D_TilingA_Gather, cc/schedules/ring_1d.h).
+// Where the CUDA executor would gather (its ChooseRsPath, executor.cc): JAX_DISTGEMM_RS_PATH=
+// gather, or the automatic path where gathering moves no more bytes than the ring and
+// JAX_DISTGEMM_RS_FUSED is not "all"; only where it applies.  ReduceScatter TilingA by gathering
+// operands, as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
+// cc/schedules/ring_1d.h).  Read per call; the same in every process of a group, as on CUDA.
 bool RsGatherRequested(const Problem& p) {
+  if (!RsGatherApplies(p)) return false;
   const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
-  return e != nullptr && std::string(e) == "gather" && RsGatherApplies(p);
+  const std::string path = e == nullptr ? "" : e;
+  if (path == "gather") return true;
+  const bool automatic = path != "remote_c" && path != "push" && path != "copy_add" &&
+                         path != "copy_ring";
+  const char* f = std::getenv("JAX_DISTGEMM_RS_FUSED");
+  return automatic && !(f != nullptr && std::string(f) == "all") && RsGatherMovesNoMore(p);
 }
 
 std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,

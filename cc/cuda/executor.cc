@@ -248,7 +248,16 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
 // 2x H200 (docs/performance.md, 2026-11-30) kCopyRing beat kRemoteC at k = 2048 in three runs
 // (0.86-0.88 vs 0.78-0.82 of ideal) and was no better at k >= 4096; kRemoteC matched or beat
 // kPush and kCopyAdd everywhere.
+//
+// kGather where it applies and moves no more bytes than the ring (RsGatherMovesNoMore,
+// problem.h), unless JAX_DISTGEMM_RS_FUSED=all asks for fused remote C.  Measured only at RS
+// 8192,4096,4096 (ratio 1.0) on 2x H200: 0.897 of the ideal against the copy ring's 0.829, in
+// one process (docs/performance.md, P6); the other suite shapes move 1.08-4.5x the bytes.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
+  if (o.rs_path == kRsAuto && o.rs_fused != kRsFusedAll && RsGatherApplies(p) &&
+      RsGatherMovesNoMore(p)) {
+    return kRsGather;
+  }
   // kGather where RsGatherApplies (problem.h); elsewhere the automatic choice.
   if (o.rs_path == kRsAuto || (o.rs_path == kRsGather && !RsGatherApplies(p))) {
     return p.sk() <= 2048 && o.rs_fused != kRsFusedAll ? kRsCopyRing : kRsRemoteC;
