@@ -47,6 +47,17 @@ class FfiCpuTest(base.CollectiveMatmulTestBase):
     self.assertEqual(counts, NO_COLLECTIVES | {"collective-permute": 3})
 
 
+class FfiCpuRsGatherTest(base.CollectiveMatmulTestBase):
+  """The CPU executor with JAX_DISTGEMM_RS_PATH=gather: ReduceScatter TilingA by gathering
+  operands (one batch), the automatic path elsewhere; every shared case must still hold.
+  (tests/timeout_test.py shows the gather path is the one that runs.)"""
+  IMPLEMENTATION = "ffi"
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "gather"}))
+
+
 class XlaCpuTest(base.CollectiveMatmulTestBase):
   IMPLEMENTATION = "xla"
 

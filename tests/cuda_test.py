@@ -454,13 +454,18 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
 
 
 class CudaCopyRingTest(parameterized.TestCase):
-  """ReduceScatter copy_ring (the default where the stage k <= 2048): one fused grid for every
-  (stage, chunk) where TP x chunks <= 8 and the chunks have equal rows; the grid marks each
-  chunk stored, the copy stream waits for the mark and pushes it.  JAX_DISTGEMM_RS_FUSED=0 and
-  JAX_DISTGEMM_RS_CHUNKS are read per call."""
+  """ReduceScatter copy_ring (the default where the stage k <= 2048, unless the gather path
+  moves no more bytes; asked for by name here): one fused grid for every (stage, chunk) where
+  TP x chunks <= 8 and the chunks have equal rows; the grid marks each chunk stored, the copy
+  stream waits for the mark and pushes it.  JAX_DISTGEMM_RS_FUSED=0 and JAX_DISTGEMM_RS_CHUNKS
+  are read per call."""
+
+  def setUp(self):
+    super().setUp()
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "copy_ring"
 
   def tearDown(self):
-    for k in ("JAX_DISTGEMM_RS_FUSED", "JAX_DISTGEMM_RS_CHUNKS"):
+    for k in ("JAX_DISTGEMM_RS_FUSED", "JAX_DISTGEMM_RS_CHUNKS", "JAX_DISTGEMM_RS_PATH"):
       os.environ.pop(k, None)
     super().tearDown()
 
@@ -502,6 +507,85 @@ class CudaCopyRingTest(parameterized.TestCase):
     # 512 x 512 @ 512 x 1024: stage k 256, two chunks of 128 rows: fused unless mode "0".
     os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # device 1's copy stream never pushes
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 43)
+
+
+class CudaRsGatherTest(parameterized.TestCase):
+  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, read per call, or
+  the automatic path where it moves no more bytes than the ring):
+  each device pushes its peers the x rows and the w shard they need at the call's start and
+  sums its own rows over every K shard; no running sum travels (executor.cc, EnqueueRsGather).
+  One launch per stage, or one grid with JAX_DISTGEMM_RS_FUSED=1.  Where it does not apply
+  (TilingB, batches) the automatic path runs."""
+
+  def tearDown(self):
+    os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
+    os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
+    super().tearDown()
+
+  def paths(self):
+    ordinals = [d.local_hardware_id for d in GPUS[:TP]]
+    rows = ffi_modules.module_for("cuda").last_rs_paths()
+    return sorted((o, path) for o, group, path in rows if group == ordinals)
+
+  @parameterized.product(shape=list(SHAPES), with_c=[False, True], mode=["0", "1"])
+  def test_matches_reference(self, shape, with_c, mode):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    m, k, n = SHAPES[shape]
+    m += 16 * TP * (3 + with_c + 2 * (mode == "1"))  # a shape of its own: it tunes in the call
+    x, w, _ = test_util.random_inputs(hash(("gather", shape, with_c)) % 2**31, (m, k), (k, n),
+                                      jnp.bfloat16)
+    c = None
+    if with_c:
+      c = jax.random.normal(jax.random.key(m), (m, n), jnp.float32).astype(jnp.bfloat16)
+    alpha, beta = (0.5, -0.75) if with_c else (1.0, 0.0)
+    tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
+    self.assertEqual(self.paths(), [(o, "gather") for o in
+                                    sorted(d.local_hardware_id for d in GPUS[:TP])], tuned)
+    self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
+                     tuned)
+
+  def test_automatic_where_it_moves_no_more_bytes(self):
+    # Unset JAX_DISTGEMM_RS_PATH: gather where sk (sm + sn) <= sm sn (problem.h), else the ring.
+    # Stages: (sm, sk, sn) = (512, 256, 1024): 393216 <= 524288, gather; (256, 512, 512):
+    # 524288 > 131072, copy ring (sk <= 2048).
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    for (m, k, n), want in (((1024, 512, 1024), "gather"), ((512, 1024, 512), "copy_ring")):
+      x, w, _ = test_util.random_inputs(m + k + n, (m, k), (k, n), jnp.bfloat16)
+      f, args = run_global(schedule, x, w)
+      self.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
+      self.assertEqual(self.paths(), [(o, want) for o in
+                                      sorted(d.local_hardware_id for d in GPUS[:TP])])
+
+  def test_falls_back_where_it_does_not_apply(self):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    x, w, _ = test_util.random_inputs(61, (560, 512), (512, 1040), jnp.bfloat16)  # own shape
+    tuned_lines_of_three_calls(self, Schedule.ReduceScatter1D_TilingB_RotatingC, x, w)
+    self.assertNotIn("gather", [path for _, path in self.paths()])
+
+  @parameterized.parameters("0", "1")
+  def test_back_to_back_calls_alternating_shapes(self, mode):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
+    check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=62)
+
+  def test_alternating_with_the_ring_path(self):
+    # Calls of the two paths interleave: slots and flags of consecutive calls sit in different
+    # parity halves whichever path each took.
+    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+    x, w, _ = test_util.random_inputs(63, (1024, 512), (512, 768), jnp.bfloat16)
+    ref = test_util.reference_np(x, w)
+    f, args = run_global(schedule, x, w)
+    for i in range(6):
+      os.environ["JAX_DISTGEMM_RS_PATH"] = "gather" if i % 2 else "copy_ring"
+      self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {i}")
+
+  @parameterized.parameters("0", "1")
+  def test_missing_peer_push_times_out_and_recovers(self, mode):
+    os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"  # device 1 never pushes its operands
+    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
+    check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 64)
 
 
 class CudaReliabilityTest(absltest.TestCase):

@@ -46,9 +46,11 @@ TEST_TIMEOUT_S = 120    # this test's bound on the launcher
 LINE = re.compile(r"^\[p(\d+)\] (JDG_[A-Z]+) (\{.*\})$")
 
 
-def launch(*args: str):
-  """Runs the launcher; returns (returncode, output, {tag: [records]})."""
+def launch(*args: str, env_extra: dict[str, str] | None = None):
+  """Runs the launcher (with `env_extra` added to a JAX_DISTGEMM_-free environment); returns
+  (returncode, output, {tag: [records]})."""
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
+  env.update(env_extra or {})
   env["PYTHONSAFEPATH"] = "1"  # workers import the installed package, not the source tree
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run(
@@ -187,6 +189,27 @@ class MultiprocessTest(parameterized.TestCase):
       self.assertTrue(f["recovered"], f)
     self.assertIn("shared-memory segments left by the workers: 0 ", out)
     self.assertEqual(shm_files(self.token_of(records, out)), [])
+
+  def test_rs_gather_across_processes(self):
+    """JAX_DISTGEMM_RS_PATH=gather (ReduceScatter TilingA by gathering operands) with TP=4 over
+    2 processes x 2 devices: device 2049 (rank 3) stops before the path's closing barrier (its
+    second of two), so the waiting ranks in both processes name that barrier, whose message
+    says the path ran; the call after it is correct everywhere, as are the healthy ones."""
+    timeout_ms = 300
+    rc, out, records = launch("--num-processes=2", "--devices-per-process=2", "--fault=1:1:1",
+                              f"--call-timeout-ms={timeout_ms}", f"--checks={SCHEDULES[2]}",
+                              "--iterations=2", env_extra={"JAX_DISTGEMM_RS_PATH": "gather"})
+    tail = out[-6000:]
+    self.assertEqual(rc, 0, tail)
+    self.assertIn("Disposition: Passed", out)
+    faults = {f["process"]: f for f in records.get("JDG_FAULT", [])}
+    self.assertEqual(sorted(faults), [0, 1], tail)
+    for f in faults.values():
+      self.assertIsNotNone(f["error"], f)
+      self.assertIn(f"timed out after {timeout_ms} ms waiting for peers at the closing barrier "
+                    "(peers still reading this x and w)", f["error"])
+      self.assertRegex(f["error"], r"missing ranks: 3\.")
+      self.assertTrue(f["recovered"], f)
 
   def test_timing_only_mode_times_every_schedule_in_every_process(self):
     """--timing-only (what gpu_check.sh runs at the seed shape): operands drawn on the devices,

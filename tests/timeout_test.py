@@ -47,9 +47,9 @@ def _shapes(schedule: Schedule, tp: int):
   return (8 * tp, 16 * tp), (16 * tp, 8 * tp)
 
 
-def _build(schedule: Schedule, mesh, axis, *, timeout_ms, batch_ndim=0, seed=0):
+def _build(schedule: Schedule, mesh, axis, *, timeout_ms, batch_ndim=0, seed=0, shapes=None):
   """A jitted ffi call over `mesh` plus its inputs and float64 reference."""
-  x_shape, w_shape = _shapes(schedule, mesh.shape[axis])
+  x_shape, w_shape = shapes or _shapes(schedule, mesh.shape[axis])
   other = [a for a in mesh.axis_names if a != axis]
   xs, ws, os_ = tu.specs(schedule, batch_ndim, axis=axis)
   if other:  # extra (data-parallel) axis: shard a leading batch dim over it
@@ -119,6 +119,29 @@ class TimeoutTest(parameterized.TestCase):
     self.assertTimesOut(f, x, w, fault_ordinal=fault, timeout_ms=TIMEOUT_MS, missing_rank=fault,
                         phase=phase, fault_phase=fault_phase)
     self.assertCorrect(f, x, w, ref)  # the next call is clean
+
+  @parameterized.named_parameters(
+      ("asked_for", {"JAX_DISTGEMM_RS_PATH": "gather"}, None),
+      # Unset: automatic where the operands are no more bytes than a running sum (problem.h,
+      # RsGatherMovesNoMore).  x (128, 64) @ w (64, 64) at TP=4: stage (sm, sk, sn) =
+      # (32, 16, 64), 16 x 96 <= 32 x 64.  (The default shapes above are 16 x 40 > 8 x 32.)
+      ("automatic", {}, ((128, 64), (64, 64))),
+  )
+  def test_rs_gather_peer_lost_before_closing_times_out(self, env, shapes):
+    """ReduceScatter TilingA by gathering operands has two barriers, not TP+1: a peer that
+    stops before the second is reported at the closing barrier of this path, whose message says
+    what peers still read (so the path is the one that ran)."""
+    mesh = tu.mesh_1d(4)
+    with mock.patch.dict(os.environ, env):
+      if not env:
+        os.environ.pop("JAX_DISTGEMM_RS_PATH", None)  # (restored on exit)
+      f, x, w, ref = _build(Schedule.ReduceScatter1D_TilingA_RotatingC, mesh, "tp",
+                            timeout_ms=TIMEOUT_MS, shapes=shapes)
+      self.assertCorrect(f, x, w, ref)
+      self.assertTimesOut(f, x, w, fault_ordinal=2, timeout_ms=TIMEOUT_MS, missing_rank=2,
+                          phase="the closing barrier (peers still reading this x and w)",
+                          fault_phase=1)
+      self.assertCorrect(f, x, w, ref)
 
   @parameterized.named_parameters(
       ("all_gather_rotating_a", Schedule.AllGather1D_TilingCD_RotatingA, 2),

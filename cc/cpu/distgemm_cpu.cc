@@ -8,6 +8,8 @@
 //   AllGather:     publish x, w  | barrier | TP stages, each reading one peer's shard | barrier
 //   ReduceScatter: publish x, w, running sums | TP stages, a barrier after each (the right
 //                  neighbour reads what this stage wrote) | barrier
+//   ReduceScatter, JAX_DISTGEMM_RS_PATH=gather (TilingA, one batch): publish x, w | barrier |
+//                  TP stages, each reading one peer's x rows and w | barrier
 //
 // The closing barrier keeps every buffer unchanged until no peer reads it any more.
 #include "cc/cpu/distgemm_cpu.h"
@@ -19,6 +21,7 @@
 #include <new>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -147,6 +150,71 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
                    timeout);
 }
 
+// Where the CUDA executor would gather (its ChooseRsPath, executor.cc): JAX_DISTGEMM_RS_PATH=
+// gather, or the automatic path where gathering moves no more bytes than the ring and
+// JAX_DISTGEMM_RS_FUSED is not "all"; only where it applies.  ReduceScatter TilingA by gathering
+// operands, as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
+// cc/schedules/ring_1d.h).  Read per call; the same in every process of a group, as on CUDA.
+bool RsGatherRequested(const Problem& p) {
+  if (!RsGatherApplies(p)) return false;
+  const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
+  const std::string path = e == nullptr ? "" : e;
+  if (path == "gather") return true;
+  const bool automatic = path != "remote_c" && path != "push" && path != "copy_add" &&
+                         path != "copy_ring";
+  const char* f = std::getenv("JAX_DISTGEMM_RS_FUSED");
+  return automatic && !(f != nullptr && std::string(f) == "all") && RsGatherMovesNoMore(p);
+}
+
+std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,
+                                   const void* x, const void* w, const void* c, void* out,
+                                   std::chrono::milliseconds timeout) {
+  using G = ReduceScatter1D_TilingA_Gather;
+  // Peers read copies of x and w owned by the exchange (RunAllGather says why).
+  const size_t isz = static_cast<size_t>(ElemSize(p.in_type));
+  const size_t x_bytes = static_cast<size_t>(p.XElems()) * isz;
+  const size_t bytes = x_bytes + static_cast<size_t>(p.WElems()) * isz;
+  auto* mine = static_cast<uint8_t*>(s.Buffer(rank, bytes));
+  std::memcpy(mine, x, x_bytes);
+  std::memcpy(mine + x_bytes, w, bytes - x_bytes);
+  if (Faulty(device, 0)) return "";
+  if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
+  const int tile = ReduceScatter1D_TilingA_RotatingC::OutputTile(rank, p.tp - 1, p.tp);
+  const MatrixView pv = p.PartialView();
+  std::vector<float> sum(static_cast<size_t>(p.PartialElems()));  // fp32, in place
+  for (int i = 0; i < p.tp; ++i) {
+    const bool last = i == p.tp - 1;
+    const auto* src = static_cast<const uint8_t*>(s.PeerBuffer(G::Source(rank, i, p.tp), bytes));
+    CpuGemmArgs g = StageGemm(p);
+    g.a = src;
+    g.a_view = p.AView(tile);  // the source's x rows of this device's block
+    g.b = src + x_bytes;
+    g.b_view = p.BView(tile);
+    if (i > 0) {
+      g.running_sum = sum.data();
+      g.running_sum_view = pv;
+    }
+    if (last) {
+      g.d_type = p.out_type;
+      g.d = out;
+      g.d_view = p.OutView(tile);
+    } else {
+      g.d_type = ElemType::kF32;
+      g.d = sum.data();
+      g.d_view = pv;
+    }
+    if (c != nullptr && last) {  // beta C once (on CUDA at stage 0; the sum is the same)
+      g.c = c;
+      g.c_type = p.out_type;
+      g.c_view = p.OutView(tile);
+      g.beta = p.beta;
+    }
+    GemmCpu(g);
+  }
+  if (Faulty(device, 1)) return "";
+  return s.Barrier(rank, 1, "the closing barrier (peers still reading this x and w)", timeout);
+}
+
 // The schedule of one call, run to completion on its own thread (see DistGemmCpuImpl):
 // JoinSession/ShmExchange::Join, then RunAllGather/RunReduceScatter.  Owns copies of everything
 // it reads from the handler's frame; the buffers stay valid until the call's future completes.
@@ -174,6 +242,9 @@ struct CpuCall {
                     S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
         return RunAllGather<S>(p, rank, device_id, ex, x, w, c, out, timeout);
       } else {
+        if (RsGatherRequested(p)) {
+          return RunReduceScatterGather(p, rank, device_id, ex, x, w, c, out, timeout);
+        }
         return RunReduceScatter<S>(p, rank, device_id, ex, x, w, c, out, timeout);
       }
     });

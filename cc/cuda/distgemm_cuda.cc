@@ -26,7 +26,7 @@ std::atomic<int> g_fault_kind{0};  // SetCudaFaultDevice
 std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
 std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
 
-// JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add|copy_ring forces a ReduceScatter data path
+// JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add|copy_ring|gather forces a ReduceScatter data path
 // (executor.h).  Read per call, so that a benchmark or test can compare paths in one process
 // (the slots of consecutive calls sit in different parity halves whichever path each took).
 int RsPathFromEnv() {
@@ -37,6 +37,7 @@ int RsPathFromEnv() {
   if (v == "push") return kRsPush;
   if (v == "copy_add") return kRsCopyAdd;
   if (v == "copy_ring") return kRsCopyRing;
+  if (v == "gather") return kRsGather;
   return kRsAuto;
 }
 
@@ -202,11 +203,32 @@ std::string PendingErrors() {
   return "";
 }
 
+// The group's members' local ordinals in rank order (-1: another process's): the `group` of
+// LastRsPaths' and CopyStreamReports' rows.
+namespace {
+std::vector<int> MemberOrdinals(PeerGroup& g) {
+  std::vector<int> members;
+  for (int r = 0; r < g.tp(); ++r) members.push_back(g.dev(r).ordinal);
+  return members;
+}
+}  // namespace
+
+std::vector<std::tuple<int, std::vector<int>, std::string>> LastRsPaths() {
+  std::vector<std::tuple<int, std::vector<int>, std::string>> out;
+  for (PeerGroup* g : AllPeerGroups()) {
+    const std::vector<int> members = MemberOrdinals(*g);
+    for (int r = 0; r < g->tp(); ++r) {
+      const DeviceState& d = g->dev(r);
+      if (d.ordinal >= 0) out.emplace_back(d.ordinal, members, RsPathName(d.last_rs_path));
+    }
+  }
+  return out;
+}
+
 std::vector<CopyStreamRow> CopyStreamReports() {
   std::vector<CopyStreamRow> out;
   for (PeerGroup* g : AllPeerGroups()) {
-    std::vector<int> members;
-    for (int r = 0; r < g->tp(); ++r) members.push_back(g->dev(r).ordinal);
+    const std::vector<int> members = MemberOrdinals(*g);
     for (int r = 0; r < g->tp(); ++r) {
       const DeviceState& d = g->dev(r);
       if (d.ordinal < 0 || d.copy_stream == nullptr) continue;

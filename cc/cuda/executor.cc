@@ -63,6 +63,20 @@ size_t SlotBytes(const Problem& p) {
 }
 
 
+// kGather: per parity, TP-1 slots of [x rows (sm x xk) | w shard (wk x wn)], one per source,
+// then TP-1 local running sums (sm x sn, one per stage but the last), from the parity base
+// (Slot's NOTE).
+size_t GatherSlotBytes(const Problem& p) {
+  const size_t isz = ElemSize(p.in_type);
+  return RoundUp(p.sm() * p.xk * isz, kSlotAlign) + RoundUp(p.WElems() * isz, kSlotAlign);
+}
+size_t GatherSumBytes(const Problem& p) {
+  return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
+}
+size_t GatherParityBytes(const Problem& p) {
+  return (p.tp - 1) * (GatherSlotBytes(p) + GatherSumBytes(p));
+}
+
 // kCopyRing: where stage i's running sum is written (i < TP-1) and received (i >= 1).
 int RsSendSlot(int i) { return i; }
 int RsRecvSlot(const Problem& p, int i) { return p.tp - 1 + (i - 1); }
@@ -71,10 +85,20 @@ int RsRecvSlot(const Problem& p, int i) { return p.tp - 1 + (i - 1); }
 // depends on this call's slot size: with shape-dependent offsets, call e (parity 0) of a larger
 // shape could overlap call e-1's parity-1 slots, which a slow peer may still read.  Every member
 // holds the same workspace size (same history), so both sides agree on the halves.
-uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+uint8_t* ParityBase(DeviceState& d, uint32_t epoch) {
   const size_t half = (d.workspace_bytes / 2) / kSlotAlign * kSlotAlign;
-  return d.workspace + static_cast<size_t>(epoch & 1u) * half +
-         static_cast<size_t>(index) * SlotBytes(p);
+  return d.workspace + static_cast<size_t>(epoch & 1u) * half;
+}
+uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+  return ParityBase(d, epoch) + static_cast<size_t>(index) * SlotBytes(p);
+}
+
+// kGather: the slot that holds source `index + 1`'s operands (stage index + 1), and running sum j.
+uint8_t* GatherSlot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+  return ParityBase(d, epoch) + static_cast<size_t>(index) * GatherSlotBytes(p);
+}
+uint8_t* GatherSum(DeviceState& d, const Problem& p, uint32_t epoch, int j) {
+  return ParityBase(d, epoch) + (p.tp - 1) * GatherSlotBytes(p) + j * GatherSumBytes(p);
 }
 
 const uint8_t* At(const void* base, int64_t elem_offset, ElemType t) {
@@ -224,8 +248,18 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
 // 2x H200 (docs/performance.md, 2026-11-30) kCopyRing beat kRemoteC at k = 2048 in three runs
 // (0.86-0.88 vs 0.78-0.82 of ideal) and was no better at k >= 4096; kRemoteC matched or beat
 // kPush and kCopyAdd everywhere.
+//
+// kGather where it applies and moves no more bytes than the ring (RsGatherMovesNoMore,
+// problem.h), unless JAX_DISTGEMM_RS_FUSED=all asks for fused remote C.  Measured only at RS
+// 8192,4096,4096 (ratio 1.0) on 2x H200: 0.897 of the ideal against the copy ring's 0.829, in
+// one process (docs/performance.md, P6); the other suite shapes move 1.08-4.5x the bytes.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (o.rs_path == kRsAuto) {
+  if (o.rs_path == kRsAuto && o.rs_fused != kRsFusedAll && RsGatherApplies(p) &&
+      RsGatherMovesNoMore(p)) {
+    return kRsGather;
+  }
+  // kGather where RsGatherApplies (problem.h); elsewhere the automatic choice.
+  if (o.rs_path == kRsAuto || (o.rs_path == kRsGather && !RsGatherApplies(p))) {
     return p.sk() <= 2048 && o.rs_fused != kRsFusedAll ? kRsCopyRing : kRsRemoteC;
   }
   return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
@@ -709,11 +743,135 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
   return Launch(g, stream, epoch, 0, 0);
 }
 
+// ReduceScatter TilingA by gathering operands (kGather; the index math and its diagram are
+// ReduceScatter1D_TilingA_Gather's, cc/schedules/ring_1d.h).  At the call's start device s
+// pushes each peer t x_s's rows of t's block (sm x xk, contiguous) and the whole w_s (wk x wn)
+// into t's slot, then sets t's flag.  Stage i of device d: A = x_s rows of blk d, B = w_s
+// (its own at stage 0, else slot i-1 after flag(i)); C = running sum i-1 (beta 1; stage 0:
+// the caller's C, beta); D = running sum i, or out at the last stage.  Bytes per peer: sm*xk +
+// wk*wn against the ring's sm*sn per stage, the same at RS 8192,4096,4096 (TP=2), but they
+// travel from the call's start, as an AllGather's shard does, instead of behind a stage
+// (docs/design.md).  Slots, flags and epochs as the AllGather path: a push of call e into
+// parity e%2 needs the target to have started call e-1 (its stage 1 of call e-1 waited for
+// this device's push of e-1), so its reads of call e-2 are done.  The running sums are local.
+// NOTE: D is never C, so the tuner's trial launches (which scribble on D) cannot spoil a
+// stage's input.
+//
+// Stage launches by default: stage i reads the sum stage i-1 wrote, so no launch overlaps the
+// previous one.  With JAX_DISTGEMM_RS_FUSED=1, one grid (the fused kernel with C): batch i's
+// mainloop waits for flag(i) (FlagWaitMainloop, as the AllGather grid), its epilogue's C for
+// the grid's own LocalDoneFlag(i-1), set once every tile of batch i-1 is stored (the fused
+// copy ring's completion count):
+//
+//   grid (SMs) : [s0 tiles] [s1 tiles: mainloop waits flag(1) | epilogue C waits done(0)] ...
+//                         |done(0)
+//   copy stream: push x rows, w -> right.flag(1)=e  (from the call's start)
+using RsGatherIndex = ReduceScatter1D_TilingA_Gather;
+
+bool FusesRsGather(const Problem& p, const CallOptions& o) {
+  return o.rs_fused != kRsFusedOff && p.tp <= kMaxFusedStages && CanFuse(p.in_type, p.out_type);
+}
+
+template <class Sched>
+std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
+                            const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+  DeviceState& me = group.dev(rank);
+  const int tp = p.tp;
+  const size_t isz = ElemSize(p.in_type);
+  const size_t x_bytes = static_cast<size_t>(p.sm() * p.xk) * isz;
+  const size_t w_bytes = static_cast<size_t>(p.WElems()) * isz;
+  const size_t w_at = RoundUp(x_bytes, kSlotAlign);  // the w shard's offset in a slot
+  const int my_tile = Sched::OutputTile(rank, tp - 1, tp);
+
+  // Pushes on the copy stream, after the inputs are ready on the main stream.
+  if (cudaEventRecord(me.fork, stream) != cudaSuccess ||
+      cudaStreamWaitEvent(me.copy_stream, me.fork, 0) != cudaSuccess) {
+    return CudaFailure("fork copy stream");
+  }
+  for (int i = 1; i < tp && !o.skip_signals; ++i) {
+    const int t = RsGatherIndex::PushTarget(rank, i, tp);
+    DeviceState& target = group.dev(t);
+    uint8_t* dst = GatherSlot(target, p, epoch, i - 1);
+    const MatrixView av = p.AView(Sched::OutputTile(t, tp - 1, tp));
+    cudaError_t e = cudaMemcpyAsync(dst, At(b.x, av.offset, p.in_type), x_bytes,
+                                    cudaMemcpyDeviceToDevice, me.copy_stream);
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(dst + w_at, b.w, w_bytes, cudaMemcpyDeviceToDevice, me.copy_stream);
+    }
+    if (e == cudaSuccess) {
+      e = StreamWriteValue32(me.copy_stream, target.flags + FlagIndex(i, 0), epoch);
+    }
+    if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
+  }
+  if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess) {
+    return CudaFailure("join copy stream");
+  }
+
+  const MatrixView av = p.AView(my_tile), bv = p.BView(my_tile), ov = p.OutView(my_tile);
+  const MatrixView pv = p.PartialView();
+  // Stage i's A, B (its own shard at stage 0, else slot i-1) and D (running sum i, or out).
+  auto set_stage = [&](GemmOperands& ops, int i) {
+    if (i == 0) {
+      SetA(ops, At(b.x, av.offset, p.in_type), av);
+      SetB(ops, At(b.w, bv.offset, p.in_type), bv);
+    } else {
+      const uint8_t* slot = GatherSlot(me, p, epoch, i - 1);
+      SetA(ops, slot, MatrixView{0, p.xk, p.sm() * p.xk});
+      SetB(ops, slot + w_at, MatrixView{0, p.wn, 0});
+    }
+    if (i == tp - 1) {
+      SetD(ops, At(b.out, ov.offset, p.out_type), ov);
+    } else {
+      SetD(ops, GatherSum(me, p, epoch, i), pv);
+    }
+  };
+  if (FusesRsGather(p, o)) {
+    GemmLaunch grid = RsFusedLaunch(p, me, o, group.error(), rank, epoch, /*chunks=*/1);
+    FusedStages& f = grid.fused;
+    GemmOperands first;
+    for (int i = 0; i < tp; ++i) {
+      set_stage(grid.ops, i);
+      if (!AddRsBatch(grid, i, i == 0 ? nullptr : GatherSum(me, p, epoch, i - 1), pv, &first)) {
+        return "fused gather: stage views differ";
+      }
+      if (i == 0 && b.c != nullptr) {  // the caller's C, once (its rows are out's: ld sn)
+        f.c[0] = At(b.c, ov.offset, p.out_type);
+        f.beta[0] = p.beta;
+      }
+      if (i > 0) {
+        f.wait_flag[i] = me.flags + FlagIndex(i, 0);
+        f.c_wait_flag[i] = me.flags + LocalDoneFlag(i - 1, 0);
+        f.peer[i] = RsGatherIndex::Source(rank, i, tp);
+      }
+      if (i < tp - 1) f.done_flag[i] = me.flags + LocalDoneFlag(i, 0);
+    }
+    FinishRsBatches(grid, pv, epoch);
+    if (std::string err = Launch(grid, stream, epoch, 0, 0); !err.empty()) return err;
+  } else {
+    for (int i = 0; i < tp; ++i) {
+      GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+      set_stage(g.ops, i);
+      if (i == 0) {
+        if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
+      } else {
+        SetC(g.ops, GatherSum(me, p, epoch, i - 1), pv, 1.f);
+        SetWait(g.sync, me, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
+      }
+      if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
+    }
+  }
+  // XLA may reuse x and w once we return: the pushes that read them must be done by then.
+  if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
+  return "";
+}
+
 template <class Sched>
 std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o,
                                  cudaStream_t stream, uint32_t epoch) {
   const RsPath path = ChooseRsPath(p, o);
+  group.dev(rank).last_rs_path = path;
+  if (path == kRsGather) return EnqueueRsGather<Sched>(p, rank, group, b, o, stream, epoch);
   if (path == kRsCopyRing) return EnqueueRsCopyRing<Sched>(p, rank, group, b, o, stream, epoch);
   if ((path == kRsRemoteC || path == kRsPush) && FusesReduceScatter(p, o)) {
     return EnqueueRsFused<Sched>(p, rank, group, b, o, stream, epoch, path == kRsPush);
@@ -780,6 +938,7 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
 // Slots per parity.  AllGather: TP-1, one per stage that receives.  ReduceScatter, by path:
 // kRemoteC and kPush TP-1 (slots 0..TP-2), kCopyAdd (TP=2) 2 (0: local partial, 1: received),
 // kCopyRing 2*(TP-1) (send slots 0..TP-2, receive slots TP-1..2*TP-3: RsSendSlot / RsRecvSlot).
+// kGather lays out its own (GatherParityBytes).
 // The workspace only grows, so after a path change it may hold more than this call needs.
 int SlotsPerParity(const Problem& p, const CallOptions& o) {
   if (IsAllGather(p.schedule)) return p.tp - 1;
@@ -792,7 +951,22 @@ int SlotsPerParity(const Problem& p, const CallOptions& o) {
 
 size_t WorkspaceBytes(const Problem& p, const CallOptions& o) {
   // Parity halves (Slot): the workspace is two equal halves, each holding a parity's slots.
-  return p.tp <= 1 ? 0 : 2 * static_cast<size_t>(SlotsPerParity(p, o)) * SlotBytes(p);
+  if (p.tp <= 1) return 0;
+  if (!IsAllGather(p.schedule) && ChooseRsPath(p, o) == kRsGather) {
+    return 2 * GatherParityBytes(p);
+  }
+  return 2 * static_cast<size_t>(SlotsPerParity(p, o)) * SlotBytes(p);
+}
+
+const char* RsPathName(int path) {
+  switch (path) {
+    case kRsRemoteC: return "remote_c";
+    case kRsPush: return "push";
+    case kRsCopyAdd: return "copy_add";
+    case kRsCopyRing: return "copy_ring";
+    case kRsGather: return "gather";
+    default: return "";
+  }
 }
 
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,

@@ -101,6 +101,26 @@ struct ReduceScatter1D_TilingB_RotatingC {
   static DISTGEMM_HD int PushTarget(int d, int i, int tp) { return Mod(d + 1, tp); }
 };
 
+// ReduceScatter1D_TilingA by gathering operands: a data path of TilingA (same inputs, same
+// output), not a fifth schedule; opt-in (JAX_DISTGEMM_RS_PATH=gather), one batch and an
+// unbatched w only.  No running sum travels: device d sums its own output rows (blk d of M)
+// over every K shard, at stage i with shard s = (d+i)%TP, i.e. x_s's rows of blk d times w_s.
+// Device s hands those to device (s-i)%TP, which consumes them at stage i: AllGather
+// RotatingA's index math with (x rows, w) for the shard.
+//
+//   TP=4, "s" = x_s rows of blk d and w_s, row = device, column = stage:
+//            stage0  stage1  stage2  stage3
+//     dev0    0       1       2       3    -> out = rows blk 0
+//     dev1    1       2       3       0    -> out = rows blk 1
+//     dev2    2       3       0       1    -> out = rows blk 2
+//     dev3    3       0       1       2    -> out = rows blk 3
+struct ReduceScatter1D_TilingA_Gather {
+  // Whose K shard device d multiplies at stage i.
+  static DISTGEMM_HD int Source(int d, int i, int tp) { return Mod(d + i, tp); }
+  // Which device consumes device s's (x rows, w) at stage i (i >= 1).
+  static DISTGEMM_HD int PushTarget(int s, int i, int tp) { return Mod(s - i, tp); }
+};
+
 DISTGEMM_HD bool IsAllGather(ScheduleKind s) {
   return s == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
          s == ScheduleKind::kAllGather1D_TilingCD_RotatingB;
