@@ -298,6 +298,16 @@ class BenchLibTest(absltest.TestCase):
     self.assertEqual(bl.rotation_sets(1024, **kw), 32)  # tiny: capped
     self.assertEqual(bl.rotation_sets(6 * 2**30, **kw), 1)  # over budget: one set
 
+  def test_call_estimate_leaves_out_a_run_fixed_cost(self):
+    # A row whose every run costs 5 ms once (dispatch, the final block) plus 1 ms per call:
+    # timing 2 calls would read 3.5 ms per call, and size its repeats 3.5x too short.
+    class Fake(bl.Timed):
+      def run(self, count, max_in_flight=0):
+        time.sleep(0.005 + 0.001 * count)
+
+    est = Fake("fake", None, []).estimate_call_ms()
+    self.assertBetween(est, 0.8, 1.4)
+
   def test_round_order_varies_predecessors(self):
     rows = list(range(6))
     orders = [bl.round_order(rows, seed=0, r=r) for r in range(7)]
@@ -315,12 +325,14 @@ class BenchLibTest(absltest.TestCase):
       calls.append(x)
       return x
 
+    # The per-call estimate (its own test below) makes a varying number of calls: a fixed one.
+    self.enter_context(mock.patch.object(bl.Timed, "estimate_call_ms", return_value=1e-3))
     opts = bl.Options(iterations=3, warmup=1, repeats=2, heat_ms=1e-6)
     e = bl.Timed("row", call, [(1,), (2,)])
     bl.time_interleaved([e], opts, lambda msg: None)
     self.assertEqual(e.heat_calls, 1)  # at least one call, however short heat_ms
-    # warm-up 1 + estimate 2, then per repeat: 1 heat call + 3 timed calls.
-    self.assertLen(calls, 1 + 2 + 2 * (1 + 3))
+    # warm-up 1, then per repeat: 1 heat call + 3 timed calls.
+    self.assertLen(calls, 1 + 2 * (1 + 3))
     row = bl._timing_row(e)
     self.assertLen(row["ms_repeats"], 2)
     self.assertLen(row["ms_after_switch_repeats"], 2)
@@ -332,7 +344,7 @@ class BenchLibTest(absltest.TestCase):
     bl.time_interleaved([e], bl.Options(iterations=3, warmup=1, repeats=2, heat_ms=0),
                         lambda msg: None)
     self.assertEqual(e.heat_calls, 0)
-    self.assertLen(calls, 1 + 2 + 2 * 3)
+    self.assertLen(calls, 1 + 2 * 3)
     self.assertIsNone(bl._timing_row(e)["ms_after_switch"])
 
   def test_case_shapes(self):

@@ -556,6 +556,26 @@ class Timed:
     self.run(count, max_in_flight)
     return (time.perf_counter() - t0) * 1e3 / count
 
+  def estimate_call_ms(self, max_in_flight: int = 0, min_run_ms: float = 2.0) -> float:
+    """One call's ms, for sizing repeats: the difference of two timed runs (k and 2k calls,
+    k grown until k calls take >= min_run_ms), so that what a run costs once (the first
+    call's dispatch, the final block) does not count per call.
+
+    NOTE: the estimate was the time of 2 calls, which counts that fixed cost half per call: at
+    0.2 ms calls on 2x H200 the repeats of one case then ran 7-26 ms of calls instead of the
+    30 ms asked for, and a row with few calls per repeat carries more of the fixed cost in its
+    per-call time (docs/performance.md, P6).
+    """
+    k = 2
+    first = self.timed_run(k, max_in_flight) * k
+    while first < min_run_ms and k < 4096:
+      k *= 4
+      first = self.timed_run(k, max_in_flight) * k
+    second = self.timed_run(2 * k, max_in_flight) * 2 * k
+    diff = (second - first) / k
+    # Noise can make the difference meaningless; never below half the plain per-call time.
+    return max(diff, 0.5 * second / (2 * k))
+
 
 def round_order(entries: list, seed: int, r: int) -> list:
   """Round r's order: a seeded shuffle, so that a row does not always follow the same row.
@@ -597,7 +617,7 @@ def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[st
     def warm(e=e):
       e.run(max(1, opts.warmup), opts.max_in_flight)
       settle_call_trials(lambda: e.run(20, opts.max_in_flight))
-      est_ms = e.timed_run(2, opts.max_in_flight)
+      est_ms = e.estimate_call_ms(opts.max_in_flight)
       e.heat_calls = (0 if opts.heat_ms <= 0 else
                       int(min(500, max(1, math.ceil(opts.heat_ms / max(est_ms, 1e-4))))))
       if opts.iterations:
