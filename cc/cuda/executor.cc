@@ -253,6 +253,8 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
 // problem.h), unless JAX_DISTGEMM_RS_FUSED=all asks for fused remote C.  Measured only at RS
 // 8192,4096,4096 (ratio 1.0) on 2x H200: 0.897 of the ideal against the copy ring's 0.829, in
 // one process (docs/performance.md, P6); the other suite shapes move 1.08-4.5x the bytes.
+// NOTE: jax_distgemm/_src/cuda_rules.py (rs_path, workspace_bytes) mirrors this choice and
+// WorkspaceBytes below to check the workspace cap before launch: change them together.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
   if (o.rs_path == kRsAuto && o.rs_fused != kRsFusedAll && RsGatherApplies(p) &&
       RsGatherMovesNoMore(p)) {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import jax.numpy as jnp
 
@@ -17,32 +18,62 @@ _TMA_ALIGN_BYTES = 16
 _SLOT_ALIGN = 256  # cc/cuda/executor.cc kSlotAlign
 
 
+def _round_up(n: int) -> int:
+  return -(-n // _SLOT_ALIGN) * _SLOT_ALIGN
+
+
+def rs_path(schedule: Schedule, tp: int, batch: int, w_batched: bool, sm: int, sk: int,
+            sn: int) -> str:
+  """The ReduceScatter path the CUDA executor takes for a stage GEMM of (sm, sk, sn), from the
+  environment it reads per call (cc/cuda/executor.cc, ChooseRsPath; keep the two alike)."""
+  path = os.environ.get("JAX_DISTGEMM_RS_PATH", "")
+  fused_all = os.environ.get("JAX_DISTGEMM_RS_FUSED") == "all"
+  gather_applies = (schedule == Schedule.ReduceScatter1D_TilingA_RotatingC and tp > 1 and
+                    batch == 1 and not w_batched)
+  if path in ("remote_c", "push", "copy_ring"):
+    return path
+  if path == "copy_add":
+    return "copy_add" if tp == 2 else "remote_c"
+  if path == "gather" and gather_applies:
+    return "gather"
+  if path != "gather" and not fused_all and gather_applies and sk * (sm + sn) <= sm * sn:
+    return "gather"  # the operands are no more bytes than a running sum (problem.h)
+  return "copy_ring" if sk <= 2048 and not fused_all else "remote_c"
+
+
 def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
                     out_dtype=None) -> int:
-  """CUDA symmetric workspace of one call, in bytes per device (cc/cuda/executor.cc).
+  """CUDA symmetric workspace of one call, in bytes per device (cc/cuda/executor.cc,
+  WorkspaceBytes).
 
-  2 parities (double buffering) x (TP-1) slots (ReduceScatter at TP=2: 2, the local and the
-  received partial), each 256-byte aligned and holding:
-  AllGather: one shard of the rotating operand (x for RotatingA, w for RotatingB), input dtype;
-  ReduceScatter: one running sum of the output tile, in the output dtype (default: input).
+  2 parities (double buffering) x the slots of the path, each 256-byte aligned:
+  AllGather: TP-1 slots, each one shard of the rotating operand (x for RotatingA, w for
+  RotatingB), input dtype;
+  ReduceScatter (rs_path): slots of one running sum of the output tile, in the output dtype
+  (default: input): TP-1 (remote C, push), 2 (copy-add), 2 (TP-1) (copy ring); or, gathering,
+  TP-1 x (x's rows of the block and w, input dtype, plus one running sum).
   Shapes are the per-device (local) operand shapes.
   """
   schedule = Schedule(schedule)
   if tp <= 1:
     return 0
   x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+  isz = jnp.dtype(dtype).itemsize
   if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-    slot = math.prod(x_shape) * jnp.dtype(dtype).itemsize
-  elif schedule == Schedule.AllGather1D_TilingCD_RotatingB:
-    slot = math.prod(w_shape) * jnp.dtype(dtype).itemsize
-  else:
-    batch, xm, wn = math.prod(x_shape[:-2]), x_shape[-2], w_shape[-1]
-    tile = (xm // tp) * wn if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC else (
-        xm * (wn // tp))
-    slot = batch * tile * jnp.dtype(out_dtype or dtype).itemsize
-  slot = -(-slot // _SLOT_ALIGN) * _SLOT_ALIGN
-  slots_per_parity = 2 if (not schedule.is_all_gather and tp == 2) else tp - 1
-  return 2 * slots_per_parity * slot
+    return 2 * (tp - 1) * _round_up(math.prod(x_shape) * isz)
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingB:
+    return 2 * (tp - 1) * _round_up(math.prod(w_shape) * isz)
+  tiling_a = schedule == Schedule.ReduceScatter1D_TilingA_RotatingC
+  batch, xm, xk, wn = math.prod(x_shape[:-2]), x_shape[-2], x_shape[-1], w_shape[-1]
+  sm, sn = (xm // tp, wn) if tiling_a else (xm, wn // tp)
+  osz = jnp.dtype(out_dtype or dtype).itemsize
+  running_sum = _round_up(batch * sm * sn * osz)
+  path = rs_path(schedule, tp, batch, len(w_shape) > 2, sm, xk, sn)
+  if path == "gather":
+    operands = _round_up(sm * xk * isz) + _round_up(math.prod(w_shape) * isz)
+    return 2 * (tp - 1) * (operands + running_sum)
+  slots = {"copy_add": 2, "copy_ring": 2 * (tp - 1)}.get(path, tp - 1)
+  return 2 * slots * running_sum
 
 
 def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:
