@@ -439,7 +439,7 @@ float Median(std::vector<float> v) {
 }
 
 // The lower of the candidates' best-round medians of the call period: the verdict, cached in
-// place of the tuner's.
+// place of the tuner's.  The caller then drops the trial (DropTrial frees its events).
 void Decide(const Key& key, CallTrial& t) {
   std::vector<float> periods[2][kCallTrialRounds];
   for (size_t i = 1; i < t.marks.size(); ++i) {
@@ -468,7 +468,6 @@ void Decide(const Key& key, CallTrial& t) {
   choice.call_ms[0] = best_ms[0];
   choice.call_ms[1] = best_ms[1];
   Cache()[key] = choice;
-  for (CallTrial::Mark& mark : t.marks) cudaEventDestroy(mark.done);
   if (LogTuning()) {
     std::fprintf(stderr,
                  "jax_distgemm call trial: device %d m=%lld n=%lld k=%lld: %s raster %s swizzle "
@@ -508,7 +507,7 @@ CallTiming BeginCall(GemmLaunch& g) {
       g.config = c.config;
       g.max_swizzle = c.swizzle;
       g.raster = c.raster;
-      Trials().erase(it);
+      DropTrial(it);
     }
     return timing;  // meanwhile the tuner's choice, as ChooseConfig set it
   }
@@ -583,16 +582,21 @@ struct DeviceModel {
   std::string name;
   int sm_count = 0;
 };
-// The model of a device ordinal ("" when CUDA cannot say).
-DeviceModel ModelOf(int ordinal) {
-  DeviceModel d;
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess) {
-    d.name = prop.name;
-    d.sm_count = prop.multiProcessorCount;
+// The model of every visible device, by ordinal ("" where CUDA cannot say).  Not under Mu():
+// the queries need no tuner state.
+std::vector<DeviceModel> VisibleModels() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  std::vector<DeviceModel> models(static_cast<size_t>(count));
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess) {
+      models[ordinal].name = prop.name;
+      models[ordinal].sm_count = prop.multiProcessorCount;
+    }
   }
   cudaGetLastError();
-  return d;
+  return models;
 }
 
 bool ElemFromName(const std::string& name, ElemType* out) {
@@ -672,16 +676,16 @@ std::string Resolve(const TuningRecord& r, size_t index, Resolved* out) {
 }  // namespace
 
 std::vector<TuningRecord> ExportTuning() {
+  const std::vector<DeviceModel> models = VisibleModels();
   std::lock_guard<std::mutex> lock(Mu());
-  std::map<int, DeviceModel> models;
   std::vector<TuningRecord> out;
   for (const auto& [k, c] : Cache()) {
     if (auto t = Trials().find(k); t != Trials().end() && !t->second.dropped) continue;
-    const int ordinal = std::get<0>(k);
-    if (!models.count(ordinal)) models[ordinal] = ModelOf(ordinal);
+    const size_t ordinal = static_cast<size_t>(std::get<0>(k));
+    const DeviceModel model = ordinal < models.size() ? models[ordinal] : DeviceModel{};
     TuningRecord r;
-    r.gpu = models[ordinal].name;
-    r.sm_count = models[ordinal].sm_count;
+    r.gpu = model.name;
+    r.sm_count = model.sm_count;
     r.ab_type = ElemName(static_cast<ElemType>(std::get<1>(k)));
     r.d_type = ElemName(static_cast<ElemType>(std::get<2>(k)));
     r.has_c = std::get<3>(k);
@@ -711,11 +715,8 @@ std::string ImportTuning(const std::vector<TuningRecord>& records, int* installe
   for (size_t i = 0; i < records.size(); ++i) {
     if (std::string err = Resolve(records[i], i, &resolved[i]); !err.empty()) return err;
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  cudaGetLastError();
-  std::vector<DeviceModel> models;
-  for (int ordinal = 0; ordinal < count; ++ordinal) models.push_back(ModelOf(ordinal));
+  const std::vector<DeviceModel> models = VisibleModels();
+  const int count = static_cast<int>(models.size());
   std::lock_guard<std::mutex> lock(Mu());
   for (const Resolved& v : resolved) {
     const TuningRecord& r = *v.record;
