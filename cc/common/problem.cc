@@ -78,6 +78,11 @@ bool RsGatherMovesNoMore(const Problem& p) {
   return p.sk() * (p.sm() + p.sn()) <= p.sm() * p.sn();
 }
 
+bool RsGatherChosen(const Problem& p, bool requested, bool automatic, bool fused_all) {
+  return RsGatherApplies(p) &&
+         (requested || (automatic && !fused_all && RsGatherMovesNoMore(p)));
+}
+
 std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,
                         const int64_t* w_dims, int w_rank, const int64_t* out_dims, int out_rank,
                         ElemType x_type, ElemType w_type, ElemType out_type, bool has_c,

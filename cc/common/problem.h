@@ -69,6 +69,12 @@ bool RsGatherApplies(const Problem& p);
 // (they travel from the call's start; a running sum only exists once a stage has run).
 bool RsGatherMovesNoMore(const Problem& p);
 
+// Whether a ReduceScatter call gathers: where it applies, when JAX_DISTGEMM_RS_PATH asks for it
+// (`requested`), or on the automatic path (`automatic`: no path asked for) where it moves no
+// more bytes, unless JAX_DISTGEMM_RS_FUSED=all asks for fused remote C (`fused_all`).  The
+// one rule of both executors (CUDA ChooseRsPath, the CPU executor's mirror of it).
+bool RsGatherChosen(const Problem& p, bool requested, bool automatic, bool fused_all);
+
 // Builds the problem from the local buffer shapes.  Returns an empty string on success, else a
 // message that names the offending argument and the rule it breaks.
 std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,

@@ -8,8 +8,8 @@
 //   AllGather:     publish x, w  | barrier | TP stages, each reading one peer's shard | barrier
 //   ReduceScatter: publish x, w, running sums | TP stages, a barrier after each (the right
 //                  neighbour reads what this stage wrote) | barrier
-//   ReduceScatter, JAX_DISTGEMM_RS_PATH=gather (TilingA, one batch): publish x, w | barrier |
-//                  TP stages, each reading one peer's x rows and w | barrier
+//   ReduceScatter by gathering (TilingA, one batch; RsGatherRequested): publish x, w | barrier
+//                  | TP stages, each reading one peer's x rows and w | barrier
 //
 // The closing barrier keeps every buffer unchanged until no peer reads it any more.
 #include "cc/cpu/distgemm_cpu.h"
@@ -156,14 +156,13 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
 // operands, as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
 // cc/schedules/ring_1d.h).  Read per call; the same in every process of a group, as on CUDA.
 bool RsGatherRequested(const Problem& p) {
-  if (!RsGatherApplies(p)) return false;
   const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
   const std::string path = e == nullptr ? "" : e;
-  if (path == "gather") return true;
-  const bool automatic = path != "remote_c" && path != "push" && path != "copy_add" &&
-                         path != "copy_ring";
+  // Unknown values are the automatic path, as in the CUDA module's RsPathFromEnv.
+  const bool automatic = path != "gather" && path != "remote_c" && path != "push" &&
+                         path != "copy_add" && path != "copy_ring";
   const char* f = std::getenv("JAX_DISTGEMM_RS_FUSED");
-  return automatic && !(f != nullptr && std::string(f) == "all") && RsGatherMovesNoMore(p);
+  return RsGatherChosen(p, path == "gather", automatic, f != nullptr && std::string(f) == "all");
 }
 
 std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,

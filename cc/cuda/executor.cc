@@ -256,12 +256,12 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
 // NOTE: jax_distgemm/_src/cuda_rules.py (rs_path, workspace_bytes) mirrors this choice and
 // WorkspaceBytes below to check the workspace cap before launch: change them together.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (o.rs_path == kRsAuto && o.rs_fused != kRsFusedAll && RsGatherApplies(p) &&
-      RsGatherMovesNoMore(p)) {
+  if (RsGatherChosen(p, o.rs_path == kRsGather, o.rs_path == kRsAuto,
+                     o.rs_fused == kRsFusedAll)) {
     return kRsGather;
   }
-  // kGather where RsGatherApplies (problem.h); elsewhere the automatic choice.
-  if (o.rs_path == kRsAuto || (o.rs_path == kRsGather && !RsGatherApplies(p))) {
+  // kGather asked for where it does not apply (problem.h): the automatic choice.
+  if (o.rs_path == kRsAuto || o.rs_path == kRsGather) {
     return p.sk() <= 2048 && o.rs_fused != kRsFusedAll ? kRsCopyRing : kRsRemoteC;
   }
   return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);

@@ -63,10 +63,11 @@ enum RsFused : int { kRsFusedOff = 0, kRsFusedOn = 1, kRsFusedAll = 2 };
 // kCopyRing (any TP): each stage writes its running sum locally, in row chunks; after each
 // chunk the copy engine pushes it into the right neighbour's local receive slot and sets its
 // flag, and the neighbour's matching chunk GEMM reads it locally as C: no SM touches NVLink and
-// there is no add pass.  The default where the stage's k <= 2048 (ChooseRsPath, executor.cc).
-// kGather (TilingA, one batch, opt-in): no running sum travels; at the call's start every
-// device pushes each peer the x rows and the w shard it needs to sum its own output rows over
-// every K shard (EnqueueRsGather, executor.cc).
+// there is no add pass.  The default where the stage's k <= 2048 (ChooseRsPath, executor.cc),
+// unless kGather is.  kGather (TilingA, one batch; asked for, or the default where it moves no
+// more bytes than the ring, RsGatherChosen in problem.h): no running sum travels; at the
+// call's start every device pushes each peer the x rows and the w shard it needs to sum its
+// own output rows over every K shard (EnqueueRsGather, executor.cc).
 enum RsPath : int {
   kRsAuto = 0, kRsRemoteC = 1, kRsPush = 2, kRsCopyAdd = 3, kRsCopyRing = 4, kRsGather = 5
 };
