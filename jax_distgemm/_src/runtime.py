@@ -84,12 +84,13 @@ def _one_per_key(entries: list[dict]) -> list[dict]:
   every GPU of its model: where the devices of a model chose differently, keep the choice whose
   tuner time was lowest (NOTE: each device timed its own candidates; their times compare only
   as well as the devices do)."""
+  def tuner_ms(e):  # < 0: not timed, ranks last
+    return e["ms"] if e["ms"] > 0 else float("inf")
+
   best: dict[tuple, dict] = {}
   for e in entries:
     key = tuple(e[f] for f in _TUNING_KEY)
-    ms = e["ms"] if e["ms"] > 0 else float("inf")
-    kept = best.get(key)
-    if kept is None or ms < (kept["ms"] if kept["ms"] > 0 else float("inf")):
+    if key not in best or tuner_ms(e) < tuner_ms(best[key]):
       best[key] = e
   return list(best.values())
 
