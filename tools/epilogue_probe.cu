@@ -1,0 +1,191 @@
+// Probe, not part of the package: how much of a Cooperative 128x256 tile's time is its
+// epilogue?  CUTLASS SM90 bf16 GEMMs (row-major A, B, D; fp32 accumulate; persistent
+// data-parallel scheduler, raster along M), cluster 2x1 unless named, differing only in the
+// epilogue:
+//   auto    EpilogueTileAuto = 128x32 subtiles, TMA stores (what cc/cuda/sm90_gemm.cuh builds)
+//   e128x64 128x64 subtiles: half the named-barrier rounds per tile, same mainloop stages
+//   e128x128 128x128 subtiles: a quarter of them, one mainloop stage less
+//   nosmem  no shared memory: every thread stores its accumulators to global itself
+//   auto c1x1  the baseline without the cluster
+// at the suite's stage shapes.  Sustained timing, as our tuner and streamk_probe.cu do: per turn
+// ~100 ms untimed then >= 30 ms timed; the variants take turns, 5 rounds, median; normal bf16
+// operands (power at the cap depends on the bits).  Also each variant's largest difference
+// from the baseline's output (all accumulate K in the same order: expect 0).
+//
+//   I=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
+//   nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -I$I -o epilogue_probe \
+//       tools/epilogue_probe.cu && ./epilogue_probe      # ~2 min on one H200
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+using namespace cute;
+using T = cutlass::bfloat16_t;
+using Cooperative = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using NoSmem = cutlass::epilogue::NoSmemWarpSpecialized;
+using AutoTile = cutlass::epilogue::collective::EpilogueTileAuto;
+
+// -- Variants ---------------------------------------------------------------------------------------
+template <class Cluster, class EpiTile, class EpiSchedule>
+struct G {
+  using Tile = Shape<_128, _256, _64>;
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float,
+      void, cutlass::layout::RowMajor, 8, T, cutlass::layout::RowMajor, 8,
+      EpiSchedule>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, 8, T,
+      cutlass::layout::RowMajor, 8, float, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epi::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using K = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi>;
+  using A = cutlass::gemm::device::GemmUniversalAdapter<K>;
+  static constexpr int kStages = Main::DispatchPolicy::Stages;
+};
+using C2 = Shape<_2, _1, _1>;
+using V0 = G<C2, AutoTile, Cooperative>;
+using V1 = G<C2, Shape<_128, _64>, Cooperative>;
+using V2 = G<C2, Shape<_128, _128>, Cooperative>;
+using V3 = G<C2, AutoTile, NoSmem>;
+using V4 = G<Shape<_1, _1, _1>, AutoTile, Cooperative>;
+const char* kNames[] = {"auto", "e128x64", "e128x128", "nosmem", "auto c1x1"};
+constexpr int kVariants = 5;
+
+// -- Running ----------------------------------------------------------------------------------------
+struct RunnerBase {
+  virtual ~RunnerBase() = default;
+  virtual bool Init(int m, int n, int k, T* a, T* b, T* d) = 0;
+  virtual void Run(cudaStream_t s) = 0;
+};
+template <class Gm>
+struct Runner : RunnerBase {
+  typename Gm::A op;
+  typename Gm::K::Arguments saved{};
+  bool Init(int m, int n, int k, T* a, T* b, T* d) override {
+    typename Gm::K::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {m, n, k, 1};
+    args.mainloop = {a, make_stride(int64_t(k), Int<1>{}, int64_t(0)), b,
+                     make_stride(Int<1>{}, int64_t(n), int64_t(0))};
+    args.epilogue.thread.alpha = 1.f;
+    args.epilogue.thread.beta = 0.f;
+    args.epilogue.dC = make_stride(int64_t(n), Int<1>{}, int64_t(0));
+    args.epilogue.ptr_D = d;
+    args.epilogue.dD = make_stride(int64_t(n), Int<1>{}, int64_t(0));
+    cudaDeviceGetAttribute(&args.hw_info.sm_count, cudaDevAttrMultiProcessorCount, 0);
+    args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+    args.scheduler.max_swizzle_size = 1;
+    if (op.can_implement(args) != cutlass::Status::kSuccess) return false;
+    if (Gm::A::get_workspace_size(args) != 0) return false;  // none for data-parallel tiles
+    saved = args;
+    return op.initialize(args, nullptr) == cutlass::Status::kSuccess;
+  }
+  void Run(cudaStream_t s) override { op.run(saved, nullptr, s); }
+};
+
+float Turn(RunnerBase& r, int heat, int timed, cudaEvent_t e0, cudaEvent_t e1) {
+  for (int i = 0; i < heat; ++i) r.Run(0);
+  cudaEventRecord(e0);
+  for (int i = 0; i < timed; ++i) r.Run(0);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms;
+  cudaEventElapsedTime(&ms, e0, e1);
+  return ms / timed;
+}
+
+float Bf16(uint16_t v) {
+  uint32_t u = uint32_t(v) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+int main() {
+  // (m, k, n) of the suite's stages at TP=2 (docs/performance.md), largest first.
+  int shapes[][3] = {{8192, 16384, 53248}, {8192, 8192, 106496}, {4096, 4096, 28672},
+                     {4096, 8192, 14336},  {2048, 8192, 4096},   {2048, 4096, 8192},
+                     {4096, 4096, 2048},   {4096, 2048, 4096},   {1024, 8192, 4096},
+                     {1024, 4096, 8192}};
+  size_t maxa = 8192ull * 16384, maxb = 16384ull * 106496, maxd = 8192ull * 106496;
+  T *a, *b, *d;
+  cudaMalloc(&a, maxa * 2);
+  cudaMalloc(&b, maxb * 2);
+  cudaMalloc(&d, maxd * 2);
+  std::vector<uint16_t> h(1 << 22);
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& v : h) {
+    float f = nd(rng);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    v = uint16_t(u >> 16);
+  }
+  for (size_t off = 0; off < maxb; off += h.size())
+    cudaMemcpy(b + off, h.data(), std::min(h.size(), maxb - off) * 2, cudaMemcpyHostToDevice);
+  std::shuffle(h.begin(), h.end(), rng);
+  for (size_t off = 0; off < maxa; off += h.size())
+    cudaMemcpy(a + off, h.data(), std::min(h.size(), maxa - off) * 2, cudaMemcpyHostToDevice);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  printf("mainloop stages: auto %d, e128x64 %d, e128x128 %d, nosmem %d, auto c1x1 %d\n",
+         V0::kStages, V1::kStages, V2::kStages, V3::kStages, V4::kStages);
+  for (auto& s : shapes) {
+    int m = s[0], k = s[1], n = s[2];
+    Runner<V0> r0;
+    Runner<V1> r1;
+    Runner<V2> r2;
+    Runner<V3> r3;
+    Runner<V4> r4;
+    RunnerBase* rs[kVariants] = {&r0, &r1, &r2, &r3, &r4};
+    bool ok = true;
+    for (auto* r : rs) ok = ok && r->Init(m, n, k, a, b, d);
+    if (!ok) {
+      printf("m=%d k=%d n=%d: init failed\n", m, k, n);
+      continue;
+    }
+    // Outputs against the baseline's.
+    std::vector<uint16_t> ref(size_t(m) * n), got(size_t(m) * n);
+    double maxdiff[kVariants] = {0};
+    r0.Run(0);
+    cudaMemcpy(ref.data(), d, ref.size() * 2, cudaMemcpyDeviceToHost);
+    for (int v = 1; v < kVariants; ++v) {
+      cudaMemset(d, 0, ref.size() * 2);
+      rs[v]->Run(0);
+      cudaMemcpy(got.data(), d, got.size() * 2, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < ref.size(); i += 5)
+        maxdiff[v] = std::max(maxdiff[v], double(fabsf(Bf16(ref[i]) - Bf16(got[i]))));
+    }
+    float one = Turn(r0, 1, 2, e0, e1);
+    int heat = std::max(1, int(100.f / one)), timed = std::max(3, int(30.f / one));
+    std::vector<float> t[kVariants];
+    for (int round = 0; round < 5; ++round)
+      for (int v = 0; v < kVariants; ++v) t[v].push_back(Turn(*rs[v], heat, timed, e0, e1));
+    double flop = 2.0 * m * n * k;
+    printf("m=%d k=%d n=%d:", m, k, n);
+    float base = 0;
+    for (int v = 0; v < kVariants; ++v) {
+      std::sort(t[v].begin(), t[v].end());
+      float med = t[v][2];
+      if (v == 0) base = med;
+      printf(" %s %.4f ms (%.0f TF/s, x%.3f, diff %.3g);", kNames[v], med, flop / med / 1e9,
+             base / med, maxdiff[v]);
+    }
+    printf(" err %s\n", cudaGetErrorString(cudaGetLastError()));
+    fflush(stdout);
+  }
+  return 0;
+}
