@@ -1,20 +1,27 @@
-// Probe, not part of the package: how much of a Cooperative 128x256 tile's time is its
-// epilogue?  CUTLASS SM90 bf16 GEMMs (row-major A, B, D; fp32 accumulate; persistent
-// data-parallel scheduler, raster along M), cluster 2x1 unless named, differing only in the
-// epilogue:
-//   auto    EpilogueTileAuto = 128x32 subtiles, TMA stores (what cc/cuda/sm90_gemm.cuh builds)
-//   e128x64 128x64 subtiles: half the named-barrier rounds per tile, same mainloop stages
-//   e128x128 128x128 subtiles: a quarter of them, one mainloop stage less
-//   nosmem  no shared memory: every thread stores its accumulators to global itself
-//   auto c1x1  the baseline without the cluster
-// at the suite's stage shapes.  Sustained timing, as our tuner and streamk_probe.cu do: per turn
-// ~100 ms untimed then >= 30 ms timed; the variants take turns, 5 rounds, median; normal bf16
-// operands (power at the cap depends on the bits).  Also each variant's largest difference
-// from the baseline's output (all accumulate K in the same order: expect 0).
+// Probe, not part of the package: CUTLASS SM90 bf16 GEMM variants (row-major A, B, D; fp32
+// accumulate; persistent data-parallel scheduler, raster along M) against the kernel we ship
+// most (Cooperative 128x256, cluster 2x1, epilogue tile auto = 128x32 subtiles, TMA stores),
+// at the suite's stage shapes.  Two variant sets, chosen at compile time:
+//
+//   -DPROBE_SET=1 (epilogue; docs/performance.md Q1): only the epilogue differs
+//     e128x64   128x64 subtiles: half the named-barrier rounds per tile, same mainloop stages
+//     e128x128  128x128 subtiles: a quarter of them, one mainloop stage less
+//     nosmem    no shared memory: every thread stores its accumulators to global itself
+//     c1x1      the baseline without the cluster
+//   -DPROBE_SET=2 (tiles whose epilogue overlaps math; Q4): Pingpong, where the two consumer
+//     warpgroups own a tile each and one's epilogue runs under the other's mainloop
+//     pp64x256 c2x1 / c1x1   64x256 tiles: per warpgroup the same 64x256x16 wgmma as the
+//                            baseline's; the 2x1 cluster multicasts the 256-wide B panel
+//     pp128x128 c1x2         the tuner's usual pick at short k
+//     c1x1                   the baseline without the cluster
+//
+// Sustained timing, as our tuner does: per turn ~100 ms untimed then >= 30 ms timed; the
+// variants take turns, 5 rounds, median; normal bf16 operands (power at the cap depends on the
+// bits).  Also each variant's largest difference from the baseline's output.
 //
 //   I=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
-//   nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -I$I -o epilogue_probe \
-//       tools/epilogue_probe.cu && ./epilogue_probe      # ~2 min on one H200
+//   nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -DPROBE_SET=1 -I$I \
+//       -o kernel_probe tools/kernel_probe.cu && ./kernel_probe      # ~1 min on one H200
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,9 +44,8 @@ using NoSmem = cutlass::epilogue::NoSmemWarpSpecialized;
 using AutoTile = cutlass::epilogue::collective::EpilogueTileAuto;
 
 // -- Variants ---------------------------------------------------------------------------------------
-template <class Cluster, class EpiTile, class EpiSchedule>
+template <class Tile, class Cluster, class EpiTile, class EpiSchedule, class KernelSchedule>
 struct G {
-  using Tile = Shape<_128, _256, _64>;
   using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float,
       void, cutlass::layout::RowMajor, 8, T, cutlass::layout::RowMajor, 8,
@@ -49,18 +55,34 @@ struct G {
       cutlass::layout::RowMajor, 8, float, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epi::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
   using K = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi>;
   using A = cutlass::gemm::device::GemmUniversalAdapter<K>;
   static constexpr int kStages = Main::DispatchPolicy::Stages;
 };
+using C1 = Shape<_1, _1, _1>;
 using C2 = Shape<_2, _1, _1>;
-using V0 = G<C2, AutoTile, Cooperative>;
-using V1 = G<C2, Shape<_128, _64>, Cooperative>;
-using V2 = G<C2, Shape<_128, _128>, Cooperative>;
-using V3 = G<C2, AutoTile, NoSmem>;
-using V4 = G<Shape<_1, _1, _1>, AutoTile, Cooperative>;
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingpongEpi = cutlass::epilogue::TmaWarpSpecialized;
+using T128x256 = Shape<_128, _256, _64>;
+using V0 = G<T128x256, C2, AutoTile, Cooperative, Coop>;
+#if PROBE_SET == 1
+using V1 = G<T128x256, C2, Shape<_128, _64>, Cooperative, Coop>;
+using V2 = G<T128x256, C2, Shape<_128, _128>, Cooperative, Coop>;
+using V3 = G<T128x256, C2, AutoTile, NoSmem, Coop>;
+using V4 = G<T128x256, C1, AutoTile, Cooperative, Coop>;
 const char* kNames[] = {"auto", "e128x64", "e128x128", "nosmem", "auto c1x1"};
+#elif PROBE_SET == 2
+using V1 = G<Shape<_64, _256, _64>, C2, AutoTile, PingpongEpi, Pingpong>;
+using V2 = G<Shape<_64, _256, _64>, C1, AutoTile, PingpongEpi, Pingpong>;
+using V3 = G<Shape<_128, _128, _64>, Shape<_1, _2, _1>, AutoTile, PingpongEpi, Pingpong>;
+using V4 = G<T128x256, C1, AutoTile, Cooperative, Coop>;
+const char* kNames[] = {"coop128x256 c2x1", "pp64x256 c2x1", "pp64x256 c1x1",
+                        "pp128x128 c1x2", "coop128x256 c1x1"};
+#else
+#error "-DPROBE_SET=1 (epilogue variants) or 2 (Pingpong tiles)"
+#endif
 constexpr int kVariants = 5;
 
 // -- Running ----------------------------------------------------------------------------------------
@@ -141,8 +163,9 @@ int main() {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  printf("mainloop stages: auto %d, e128x64 %d, e128x128 %d, nosmem %d, auto c1x1 %d\n",
-         V0::kStages, V1::kStages, V2::kStages, V3::kStages, V4::kStages);
+  printf("mainloop stages: %s %d, %s %d, %s %d, %s %d, %s %d\n", kNames[0], V0::kStages,
+         kNames[1], V1::kStages, kNames[2], V2::kStages, kNames[3], V3::kStages, kNames[4],
+         V4::kStages);
   for (auto& s : shapes) {
     int m = s[0], k = s[1], n = s[2];
     Runner<V0> r0;
