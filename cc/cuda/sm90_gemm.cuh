@@ -84,7 +84,10 @@ struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> {
 // part); stream-K: at the one suite stage with a partial last wave (4096 x 4096 x 28672, 27.15
 // waves) it was <= 1.3% faster on one H200, for ~20 MB more workspace, a workspace memset per
 // launch and stage launches only (the fused ptr-array grids have no stream-K scheduler;
-// docs/performance.md, P3, tools/streamk_probe.cu).
+// docs/performance.md, P3, tools/streamk_probe.cu); epilogue subtiles of 128x64 or 128x128
+// instead of EpilogueTileAuto's 128x32, and Pingpong 64x256 (each warpgroup's epilogue under
+// the other's mainloop): within noise or slower at every suite stage on one H200
+// (performance.md Q1, Q4, tools/kernel_probe.cu).
 template <>
 struct ConfigTraits<GemmConfig::kCoop256x128_C2x1> {
   using TileShape = Shape<_256, _128, _64>;
