@@ -16,11 +16,11 @@
 //     c1x1                   the baseline without the cluster
 //
 // Sustained timing, as our tuner does: per turn ~100 ms untimed then >= 30 ms timed; the
-// variants take turns, 5 rounds, median; normal bf16 operands (power at the cap depends on the
-// bits).  Also each variant's largest difference from the baseline's output.
+// variants take turns, 5 rounds, median; normal bf16 operands (tools/probe_common.cuh).  Also
+// each variant's largest difference from the baseline's output.
 //
 //   I=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
-//   nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -DPROBE_SET=1 -I$I \
+//   nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -DPROBE_SET=1 -I. -I$I \
 //       -o kernel_probe tools/kernel_probe.cu && ./kernel_probe      # ~1 min on one H200
 #include <cuda_runtime.h>
 
@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "cute/tensor.hpp"
@@ -37,13 +36,14 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "tools/probe_common.cuh"
 using namespace cute;
-using T = cutlass::bfloat16_t;
+using probe::T;
 using Cooperative = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using NoSmem = cutlass::epilogue::NoSmemWarpSpecialized;
 using AutoTile = cutlass::epilogue::collective::EpilogueTileAuto;
 
-// -- Variants ---------------------------------------------------------------------------------------
+// -- Variants ------------------------------------------------------------------------------
 template <class Tile, class Cluster, class EpiTile, class EpiSchedule, class KernelSchedule>
 struct G {
   using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -85,7 +85,7 @@ const char* kNames[] = {"coop128x256 c2x1", "pp64x256 c2x1", "pp64x256 c1x1",
 #endif
 constexpr int kVariants = 5;
 
-// -- Running ----------------------------------------------------------------------------------------
+// -- Running -------------------------------------------------------------------------------
 struct RunnerBase {
   virtual ~RunnerBase() = default;
   virtual bool Init(int m, int n, int k, T* a, T* b, T* d) = 0;
@@ -96,19 +96,7 @@ struct Runner : RunnerBase {
   typename Gm::A op;
   typename Gm::K::Arguments saved{};
   bool Init(int m, int n, int k, T* a, T* b, T* d) override {
-    typename Gm::K::Arguments args{};
-    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-    args.problem_shape = {m, n, k, 1};
-    args.mainloop = {a, make_stride(int64_t(k), Int<1>{}, int64_t(0)), b,
-                     make_stride(Int<1>{}, int64_t(n), int64_t(0))};
-    args.epilogue.thread.alpha = 1.f;
-    args.epilogue.thread.beta = 0.f;
-    args.epilogue.dC = make_stride(int64_t(n), Int<1>{}, int64_t(0));
-    args.epilogue.ptr_D = d;
-    args.epilogue.dD = make_stride(int64_t(n), Int<1>{}, int64_t(0));
-    cudaDeviceGetAttribute(&args.hw_info.sm_count, cudaDevAttrMultiProcessorCount, 0);
-    args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
-    args.scheduler.max_swizzle_size = 1;
+    auto args = probe::GemmArguments<typename Gm::K>(m, n, k, a, b, d, /*raster=*/1);
     if (op.can_implement(args) != cutlass::Status::kSuccess) return false;
     if (Gm::A::get_workspace_size(args) != 0) return false;  // none for data-parallel tiles
     saved = args;
@@ -116,24 +104,6 @@ struct Runner : RunnerBase {
   }
   void Run(cudaStream_t s) override { op.run(saved, nullptr, s); }
 };
-
-float Turn(RunnerBase& r, int heat, int timed, cudaEvent_t e0, cudaEvent_t e1) {
-  for (int i = 0; i < heat; ++i) r.Run(0);
-  cudaEventRecord(e0);
-  for (int i = 0; i < timed; ++i) r.Run(0);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms;
-  cudaEventElapsedTime(&ms, e0, e1);
-  return ms / timed;
-}
-
-float Bf16(uint16_t v) {
-  uint32_t u = uint32_t(v) << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 int main() {
   // (m, k, n) of the suite's stages at TP=2 (docs/performance.md), largest first.
@@ -146,20 +116,7 @@ int main() {
   cudaMalloc(&a, maxa * 2);
   cudaMalloc(&b, maxb * 2);
   cudaMalloc(&d, maxd * 2);
-  std::vector<uint16_t> h(1 << 22);
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& v : h) {
-    float f = nd(rng);
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    v = uint16_t(u >> 16);
-  }
-  for (size_t off = 0; off < maxb; off += h.size())
-    cudaMemcpy(b + off, h.data(), std::min(h.size(), maxb - off) * 2, cudaMemcpyHostToDevice);
-  std::shuffle(h.begin(), h.end(), rng);
-  for (size_t off = 0; off < maxa; off += h.size())
-    cudaMemcpy(a + off, h.data(), std::min(h.size(), maxa - off) * 2, cudaMemcpyHostToDevice);
+  probe::FillNormal(a, maxa, b, maxb);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -190,13 +147,14 @@ int main() {
       rs[v]->Run(0);
       cudaMemcpy(got.data(), d, got.size() * 2, cudaMemcpyDeviceToHost);
       for (size_t i = 0; i < ref.size(); i += 5)
-        maxdiff[v] = std::max(maxdiff[v], double(fabsf(Bf16(ref[i]) - Bf16(got[i]))));
+        maxdiff[v] = std::max(
+            maxdiff[v], double(fabsf(probe::Bf16ToFloat(ref[i]) - probe::Bf16ToFloat(got[i]))));
     }
-    float one = Turn(r0, 1, 2, e0, e1);
+    float one = probe::Turn(r0, 1, 2, e0, e1);
     int heat = std::max(1, int(100.f / one)), timed = std::max(3, int(30.f / one));
     std::vector<float> t[kVariants];
     for (int round = 0; round < 5; ++round)
-      for (int v = 0; v < kVariants; ++v) t[v].push_back(Turn(*rs[v], heat, timed, e0, e1));
+      for (int v = 0; v < kVariants; ++v) t[v].push_back(probe::Turn(*rs[v], heat, timed, e0, e1));
     double flop = 2.0 * m * n * k;
     printf("m=%d k=%d n=%d:", m, k, n);
     float base = 0;

@@ -7,12 +7,10 @@
 // Results: docs/performance.md, P3.
 //
 //   I=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
-//   nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -I$I -o streamk_probe \
+//   nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -I. -I$I -o streamk_probe \
 //       tools/streamk_probe.cu && ./streamk_probe      # ~1 min on one H200
 //
-// NOTE: power at the cap depends on the operands' bits.  An earlier version filled A and B
-// with a low-entropy pattern (0x3c00 + ((i * 2654435761) >> 24) - 0x80) and read 738 TFLOP/s
-// where normal data reads 660; the operands here are normal, as the benchmark draws them.
+// Operands are normal bf16, as the benchmark draws them (tools/probe_common.cuh says why).
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <vector>
@@ -26,8 +24,9 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "tools/probe_common.cuh"
 using namespace cute;
-using T = cutlass::bfloat16_t;
+using probe::T;
 template <class Cluster, class Sched>
 struct G {
   using Tile = Shape<_128, _256, _64>;
@@ -52,21 +51,7 @@ struct Runner {
   void* ws = nullptr;
   size_t ws_bytes = 0;
   bool Init(int m, int n, int k, T* a, T* b, T* d, int raster) {
-    using K = typename Gm::K;
-    typename K::Arguments args{};
-    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-    args.problem_shape = {m, n, k, 1};
-    args.mainloop = {a, make_stride(int64_t(k), Int<1>{}, int64_t(0)), b,
-                     make_stride(Int<1>{}, int64_t(n), int64_t(0))};
-    args.epilogue.thread.alpha = 1.f;
-    args.epilogue.thread.beta = 0.f;
-    args.epilogue.dC = make_stride(int64_t(n), Int<1>{}, int64_t(0));
-    args.epilogue.ptr_D = d;
-    args.epilogue.dD = make_stride(int64_t(n), Int<1>{}, int64_t(0));
-    cudaDeviceGetAttribute(&args.hw_info.sm_count, cudaDevAttrMultiProcessorCount, 0);
-    using RO = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.raster_order = raster == 1 ? RO::AlongM : RO::AlongN;
-    args.scheduler.max_swizzle_size = 1;
+    auto args = probe::GemmArguments<typename Gm::K>(m, n, k, a, b, d, raster);
     if (op.can_implement(args) != cutlass::Status::kSuccess) return false;
     ws_bytes = Gm::A::get_workspace_size(args);
     if (ws_bytes) cudaMalloc(&ws, ws_bytes);
@@ -76,17 +61,7 @@ struct Runner {
   // run() re-initializes the workspace (stream-K: zeroes its barriers) like a fresh call would.
   void Run(cudaStream_t s) { op.run(saved, ws, s); }
 };
-template <class R>
-float Turn(R& r, int heat, int timed, cudaEvent_t e0, cudaEvent_t e1) {
-  for (int i = 0; i < heat; ++i) r.Run(0);
-  cudaEventRecord(e0);
-  for (int i = 0; i < timed; ++i) r.Run(0);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms;
-  cudaEventElapsedTime(&ms, e0, e1);
-  return ms / timed;
-}
+using probe::Turn;
 int main() {
   int shapes[][3] = {{4096, 4096, 28672}, {4096, 4096, 25344}, {4096, 8192, 14336},
                      {4096, 8192, 16896}, {2048, 8192, 4096}, {1024, 8192, 4096},
@@ -94,16 +69,7 @@ int main() {
   size_t maxa = 8192ull * 16384, maxb = 16384ull * 106496, maxd = 8192ull * 106496;
   T *a, *b, *d;
   cudaMalloc(&a, maxa * 2); cudaMalloc(&b, maxb * 2); cudaMalloc(&d, maxd * 2);
-  // Random normal bf16 (as the benchmark draws them): power at the cap depends on the bits.
-  std::vector<uint16_t> h(1 << 22);
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& v : h) { float f = nd(rng); uint32_t u; memcpy(&u, &f, 4); v = uint16_t(u >> 16); }
-  for (size_t off = 0; off < maxb; off += h.size())
-    cudaMemcpy(b + off, h.data(), std::min(h.size(), maxb - off) * 2, cudaMemcpyHostToDevice);
-  std::shuffle(h.begin(), h.end(), rng);
-  for (size_t off = 0; off < maxa; off += h.size())
-    cudaMemcpy(a + off, h.data(), std::min(h.size(), maxa - off) * 2, cudaMemcpyHostToDevice);
+  probe::FillNormal(a, maxa, b, maxb);
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   using DP1 = G<Shape<_1, _1, _1>, cutlass::gemm::PersistentScheduler>;
   using SK1 = G<Shape<_1, _1, _1>, cutlass::gemm::StreamKScheduler>;
@@ -131,8 +97,7 @@ int main() {
       sk1.Run(0); cudaMemcpy(hs.data(), d, hs.size() * 2, cudaMemcpyDeviceToHost);
       double maxdiff = 0, maxref = 0;
       for (size_t i = 0; i < hd.size(); i += 7) {
-        uint32_t x = uint32_t(hd[i]) << 16, y = uint32_t(hs[i]) << 16; float fx, fy;
-        memcpy(&fx, &x, 4); memcpy(&fy, &y, 4);
+        float fx = probe::Bf16ToFloat(hd[i]), fy = probe::Bf16ToFloat(hs[i]);
         maxdiff = std::max(maxdiff, double(fabsf(fx - fy)));
         maxref = std::max(maxref, double(fabsf(fx)));
       }
