@@ -8,6 +8,7 @@ COMMON_SRCS = [
     "common/device_ids.cc",
     "common/problem.cc",
     "common/rendezvous.cc",
+    "common/rs_path.cc",
     "common/shm_exchange.cc",
 ]
 COMMON_HDRS = [
@@ -16,6 +17,7 @@ COMMON_HDRS = [
     "common/ffi_helpers.h",
     "common/problem.h",
     "common/rendezvous.h",
+    "common/rs_path.h",
     "common/shm_exchange.h",
     "schedules/ring_1d.h",
 ]

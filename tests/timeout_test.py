@@ -144,6 +144,26 @@ class TimeoutTest(parameterized.TestCase):
       self.assertCorrect(f, x, w, ref)
 
   @parameterized.named_parameters(
+      ("fused_all", {"JAX_DISTGEMM_RS_FUSED": "all"}),
+      ("ring_asked_for", {"JAX_DISTGEMM_RS_PATH": "copy_ring"}),
+  )
+  def test_rs_gather_not_taken_where_switched_off(self, env):
+    """At a shape where the automatic path gathers, JAX_DISTGEMM_RS_FUSED=all or another asked-for
+    path runs the ring instead (cc/common/rs_path.h, RsGatherChosen): a peer that stops before
+    the second barrier is then reported at the ring's stage 0, not at the gather's closing
+    barrier."""
+    mesh = tu.mesh_1d(4)
+    with mock.patch.dict(os.environ, env):
+      for k in {"JAX_DISTGEMM_RS_PATH", "JAX_DISTGEMM_RS_FUSED"} - set(env):
+        os.environ.pop(k, None)  # (restored on exit)
+      f, x, w, ref = _build(Schedule.ReduceScatter1D_TilingA_RotatingC, mesh, "tp",
+                            timeout_ms=TIMEOUT_MS, shapes=((128, 64), (64, 64)))
+      self.assertCorrect(f, x, w, ref)
+      self.assertTimesOut(f, x, w, fault_ordinal=2, timeout_ms=TIMEOUT_MS, missing_rank=2,
+                          phase="stage 0", fault_phase=1)
+      self.assertCorrect(f, x, w, ref)
+
+  @parameterized.named_parameters(
       ("all_gather_rotating_a", Schedule.AllGather1D_TilingCD_RotatingA, 2),
       ("all_gather_rotating_b", Schedule.AllGather1D_TilingCD_RotatingB, 0),
       ("reduce_scatter_tiling_a", Schedule.ReduceScatter1D_TilingA_RotatingC, 3),

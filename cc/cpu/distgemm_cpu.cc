@@ -32,6 +32,7 @@
 #include "cc/common/device_ids.h"
 #include "cc/common/ffi_helpers.h"
 #include "cc/common/rendezvous.h"
+#include "cc/common/rs_path.h"
 #include "cc/common/shm_exchange.h"
 #include "cc/cpu/gemm_cpu.h"
 #include "cc/schedules/ring_1d.h"
@@ -156,13 +157,8 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
 // operands, as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
 // cc/schedules/ring_1d.h).  Read per call; the same in every process of a group, as on CUDA.
 bool RsGatherRequested(const Problem& p) {
-  const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
-  const std::string path = e == nullptr ? "" : e;
-  // Unknown values are the automatic path, as in the CUDA module's RsPathFromEnv.
-  const bool automatic = path != "gather" && path != "remote_c" && path != "push" &&
-                         path != "copy_add" && path != "copy_ring";
-  const char* f = std::getenv("JAX_DISTGEMM_RS_FUSED");
-  return RsGatherChosen(p, path == "gather", automatic, f != nullptr && std::string(f) == "all");
+  const RsPath path = RsPathFromEnv();
+  return RsGatherChosen(p, path == kRsGather, path == kRsAuto, RsFusedFromEnv() == kRsFusedAll);
 }
 
 std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,29 +24,6 @@ std::atomic<int> g_fault_device{-1};
 std::atomic<int> g_fault_kind{0};  // SetCudaFaultDevice
 std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
 std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
-
-// JAX_DISTGEMM_RS_PATH=remote_c|push|copy_add|copy_ring|gather forces a ReduceScatter data path
-// (executor.h).  Read per call, so that a benchmark or test can compare paths in one process
-// (the slots of consecutive calls sit in different parity halves whichever path each took).
-int RsPathFromEnv() {
-  const char* e = std::getenv("JAX_DISTGEMM_RS_PATH");
-  if (e == nullptr) return kRsAuto;
-  const std::string v(e);
-  if (v == "remote_c") return kRsRemoteC;
-  if (v == "push") return kRsPush;
-  if (v == "copy_add") return kRsCopyAdd;
-  if (v == "copy_ring") return kRsCopyRing;
-  if (v == "gather") return kRsGather;
-  return kRsAuto;
-}
-
-// JAX_DISTGEMM_RS_FUSED=0|1|all (CallOptions::rs_fused; unset: 0); read per call, so that a
-// benchmark can compare the paths in one process.
-int RsFusedFromEnv() {
-  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "1")) return kRsFusedOn;
-  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "all")) return kRsFusedAll;
-  return kRsFusedOff;
-}
 
 bool SyncCheck() {
   int v = g_sync_check.load();

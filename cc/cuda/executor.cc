@@ -960,17 +960,6 @@ size_t WorkspaceBytes(const Problem& p, const CallOptions& o) {
   return 2 * static_cast<size_t>(SlotsPerParity(p, o)) * SlotBytes(p);
 }
 
-const char* RsPathName(int path) {
-  switch (path) {
-    case kRsRemoteC: return "remote_c";
-    case kRsPush: return "push";
-    case kRsCopyAdd: return "copy_add";
-    case kRsCopyRing: return "copy_ring";
-    case kRsGather: return "gather";
-    default: return "";
-  }
-}
-
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
                             const CallBuffers& buffers, const CallOptions& options,
                             cudaStream_t stream) {

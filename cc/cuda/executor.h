@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cc/common/problem.h"
+#include "cc/common/rs_path.h"
 #include "cc/cuda/peer_state.h"
 
 namespace jax_distgemm::cuda {
@@ -53,7 +54,6 @@ struct CallOptions {
   // (docs/performance.md, K7c, L1, L4).  Read per call.
   int rs_fused = 0;
 };
-enum RsFused : int { kRsFusedOff = 0, kRsFusedOn = 1, kRsFusedAll = 2 };
 
 // ReduceScatter data paths.  kRemoteC: the running sum stays in its producer's slot and the
 // consumer's epilogue reads it over NVLink as C (CUTLASS's RemoteC).  kPush: the producer's
@@ -67,11 +67,8 @@ enum RsFused : int { kRsFusedOff = 0, kRsFusedOn = 1, kRsFusedAll = 2 };
 // unless kGather is.  kGather (TilingA, one batch; asked for, or the default where it moves no
 // more bytes than the ring, RsGatherChosen in problem.h): no running sum travels; at the
 // call's start every device pushes each peer the x rows and the w shard it needs to sum its
-// own output rows over every K shard (EnqueueRsGather, executor.cc).
-enum RsPath : int {
-  kRsAuto = 0, kRsRemoteC = 1, kRsPush = 2, kRsCopyAdd = 3, kRsCopyRing = 4, kRsGather = 5
-};
-const char* RsPathName(int path);
+// own output rows over every K shard (EnqueueRsGather, executor.cc).  The RsPath and RsFused
+// enums and their environment names are cc/common/rs_path.h's, shared with the CPU executor.
 
 // Symmetric workspace bytes one device needs for `p` (double-buffered slots) with the data path
 // `options` select (executor.cc, SlotsPerParity).
