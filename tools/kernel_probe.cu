@@ -14,6 +14,9 @@
 //                            baseline's; the 2x1 cluster multicasts the 256-wide B panel
 //     pp128x128 c1x2         the tuner's usual pick at short k
 //     c1x1                   the baseline without the cluster
+//   -DPROBE_SET=3 (the two partial gains together; R1): stream-K (CUTLASS's StreamKScheduler,
+//     Heuristic decomposition: stream-K only for a partial last wave; P3) and 128x64 subtiles
+//     (Q1), each alone and both, on the baseline; and both without the cluster
 //
 // Sustained timing, as our tuner does: per turn ~100 ms untimed then >= 30 ms timed; the
 // variants take turns, 5 rounds, median; normal bf16 operands (tools/probe_common.cuh).  Also
@@ -36,6 +39,7 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "tools/probe_common.cuh"
 using namespace cute;
 using probe::T;
@@ -44,7 +48,8 @@ using NoSmem = cutlass::epilogue::NoSmemWarpSpecialized;
 using AutoTile = cutlass::epilogue::collective::EpilogueTileAuto;
 
 // -- Variants ------------------------------------------------------------------------------
-template <class Tile, class Cluster, class EpiTile, class EpiSchedule, class KernelSchedule>
+template <class Tile, class Cluster, class EpiTile, class EpiSchedule, class KernelSchedule,
+          class Sched = cutlass::gemm::PersistentScheduler>
 struct G {
   using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float,
@@ -56,7 +61,7 @@ struct G {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epi::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
-  using K = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi>;
+  using K = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Main, Epi, Sched>;
   using A = cutlass::gemm::device::GemmUniversalAdapter<K>;
   static constexpr int kStages = Main::DispatchPolicy::Stages;
 };
@@ -80,8 +85,16 @@ using V3 = G<Shape<_128, _128, _64>, Shape<_1, _2, _1>, AutoTile, PingpongEpi, P
 using V4 = G<T128x256, C1, AutoTile, Cooperative, Coop>;
 const char* kNames[] = {"coop128x256 c2x1", "pp64x256 c2x1", "pp64x256 c1x1",
                         "pp128x128 c1x2", "coop128x256 c1x1"};
+#elif PROBE_SET == 3
+using SK = cutlass::gemm::StreamKScheduler;
+using E64 = Shape<_128, _64>;
+using V1 = G<T128x256, C2, E64, Cooperative, Coop>;
+using V2 = G<T128x256, C2, AutoTile, Cooperative, Coop, SK>;
+using V3 = G<T128x256, C2, E64, Cooperative, Coop, SK>;
+using V4 = G<T128x256, C1, E64, Cooperative, Coop, SK>;
+const char* kNames[] = {"dp auto", "dp e128x64", "sk auto", "sk e128x64", "sk e128x64 c1x1"};
 #else
-#error "-DPROBE_SET=1 (epilogue variants) or 2 (Pingpong tiles)"
+#error "-DPROBE_SET=1 (epilogue variants), 2 (Pingpong tiles) or 3 (stream-K x subtiles)"
 #endif
 constexpr int kVariants = 5;
 
@@ -95,14 +108,19 @@ template <class Gm>
 struct Runner : RunnerBase {
   typename Gm::A op;
   typename Gm::K::Arguments saved{};
+  void* ws = nullptr;  // stream-K's partials and barriers (none for data-parallel tiles)
+  ~Runner() override {
+    if (ws != nullptr) cudaFree(ws);
+  }
   bool Init(int m, int n, int k, T* a, T* b, T* d) override {
     auto args = probe::GemmArguments<typename Gm::K>(m, n, k, a, b, d, /*raster=*/1);
     if (op.can_implement(args) != cutlass::Status::kSuccess) return false;
-    if (Gm::A::get_workspace_size(args) != 0) return false;  // none for data-parallel tiles
+    if (size_t bytes = Gm::A::get_workspace_size(args); bytes != 0) cudaMalloc(&ws, bytes);
     saved = args;
-    return op.initialize(args, nullptr) == cutlass::Status::kSuccess;
+    return op.initialize(args, ws) == cutlass::Status::kSuccess;
   }
-  void Run(cudaStream_t s) override { op.run(saved, nullptr, s); }
+  // run() re-initializes the workspace (stream-K: zeroes its barriers), as a fresh call would.
+  void Run(cudaStream_t s) override { op.run(saved, ws, s); }
 };
 
 int main() {

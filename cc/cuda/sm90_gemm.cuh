@@ -87,7 +87,8 @@ struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> {
 // docs/performance.md, P3, tools/streamk_probe.cu); epilogue subtiles of 128x64 or 128x128
 // instead of EpilogueTileAuto's 128x32, and Pingpong 64x256 (each warpgroup's epilogue under
 // the other's mainloop): within noise or slower at every suite stage on one H200
-// (performance.md Q1, Q4, tools/kernel_probe.cu).
+// (performance.md Q1, Q4, tools/kernel_probe.cu); stream-K with 128x64 subtiles together: no
+// faster at the 27.15-wave stage either (R1).
 template <>
 struct ConfigTraits<GemmConfig::kCoop256x128_C2x1> {
   using TileShape = Shape<_256, _128, _64>;
