@@ -80,9 +80,13 @@ std::string IsIndependent(Probe& probe, cudaStream_t main, cudaStream_t s, bool*
 
 }  // namespace
 
-bool CopyStreamProbeEnabled() { return !EnvEquals("JAX_DISTGEMM_COPY_STREAM", "plain"); }
+CopyStreamMode CopyStreamModeFromEnv() {
+  if (EnvEquals("JAX_DISTGEMM_COPY_STREAM", "plain")) return CopyStreamMode::kPlain;
+  if (EnvEquals("JAX_DISTGEMM_COPY_STREAM", "unchecked")) return CopyStreamMode::kUnchecked;
+  return CopyStreamMode::kProbe;
+}
 
-std::string CreateCopyStream(cudaStream_t main, bool probe_all, cudaStream_t* out,
+std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_t* out,
                              CopyStreamReport* report) {
   *report = CopyStreamReport{};
   JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(main));
@@ -94,6 +98,7 @@ std::string CreateCopyStream(cudaStream_t main, bool probe_all, cudaStream_t* ou
     JDG_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(out, cudaStreamNonBlocking));
     return "";
   };
+  if (mode == CopyStreamMode::kUnchecked) return plain("JAX_DISTGEMM_COPY_STREAM=unchecked");
   Probe probe;
   void* h = nullptr;
   if (cudaHostAlloc(&h, sizeof(uint32_t), cudaHostAllocMapped) != cudaSuccess) {
@@ -112,7 +117,7 @@ std::string CreateCopyStream(cudaStream_t main, bool probe_all, cudaStream_t* ou
       for (cudaStream_t r : streams) cudaStreamDestroy(r);
     }
   } rejected;
-  const int limit = probe_all ? kMaxCandidates : 1;
+  const int limit = mode == CopyStreamMode::kProbe ? kMaxCandidates : 1;
   for (int i = 0; i < limit; ++i) {
     cudaStream_t s = nullptr;
     if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {

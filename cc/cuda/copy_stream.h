@@ -26,15 +26,20 @@ struct CopyStreamReport {
   std::string note;  // why it was not probed ("" when it was)
 };
 
-// Creates the copy stream of the current device.  With `probe` (JAX_DISTGEMM_COPY_STREAM unset
-// or "probe"), tries up to kMaxCandidates streams and keeps the first whose blocked wait leaves
-// `main` free; if none does, keeps the last.  Without, keeps the first and still reports
-// whether it is independent of `main`.  Where the probe itself cannot run (no mapped host
-// memory, no stream-memory wait on it), falls back to one unprobed stream (independent -1).
-std::string CreateCopyStream(cudaStream_t main, bool probe, cudaStream_t* out,
-                             CopyStreamReport* report);
+// JAX_DISTGEMM_COPY_STREAM: "probe" (default), "plain" (the first stream, as before 2026-11-30,
+// still checked once), "unchecked" (the first stream, no blocked wait at all).
+enum class CopyStreamMode : int { kProbe = 0, kPlain = 1, kUnchecked = 2 };
+CopyStreamMode CopyStreamModeFromEnv();
 
-// JAX_DISTGEMM_COPY_STREAM: "probe" (default) or "plain" (first stream, as before 2026-11-30).
-bool CopyStreamProbeEnabled();
+// Creates the copy stream of the current device.  kProbe tries up to kMaxCandidates streams and
+// keeps the first whose blocked wait leaves `main` free; if none does, keeps the last.  kPlain
+// keeps the first and still reports whether it is independent of `main`.  kUnchecked keeps the
+// first without blocking anything (independent -1): for ranks that share one GPU
+// (tools/virtual_group_check.cu), where another rank's setup (cudaDeviceSynchronize) would wait
+// on the blocked stream while the probe waits on that rank.  Where the probe itself cannot run
+// (no mapped host memory, no stream-memory wait on it), falls back to one unprobed stream
+// (independent -1).
+std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_t* out,
+                             CopyStreamReport* report);
 
 }  // namespace jax_distgemm::cuda
