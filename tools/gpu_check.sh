@@ -3,8 +3,13 @@
 # (the verdict must repeat), the multi-process check (one process per GPU), then the benchmark
 # suite.  Logs and JSON land in $OUT (or ./gpu_out).
 #
-#   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only] [bench args...]
+#   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only | --virtual-tp-only] [bench args...]
 #                                                          (default bench: --suite --local-gemm)
+#
+# --virtual-tp-only (also part of the default, after the GPU tests): every schedule and data path
+# at TP=2, 4 and 8 on ONE GPU, the ranks sharing it (tools/virtual_group_check.cu; needs the
+# binary carried as .carry/virtual_group_check, from a CMake build with
+# -DJAX_DISTGEMM_BUILD_TOOLS=ON).  Runs on the one-GPU kind too; VTP_TIMEOUT per TP (default 60).
 #
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
 # GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
@@ -23,7 +28,7 @@ OUT=${OUT:-$ROOT/gpu_out}
 mkdir -p "$OUT"
 MODE=all
 case "${1:-}" in
-  --tests-only|--mp-only|--bench-only) MODE=$1; shift ;;
+  --tests-only|--mp-only|--bench-only|--virtual-tp-only) MODE=$1; shift ;;
   all|--all) shift ;;
 esac
 
@@ -33,6 +38,37 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+
+# -- Virtual ranks: TP=2/4/8 on one GPU (no install needed) -----------------------------------------
+virtual_tp() {
+  local bin=$ROOT/.carry/virtual_group_check rc tp
+  if [[ ! -x "$bin" ]]; then
+    log "virtual TP check: NOT RUN (no .carry/virtual_group_check; build it with -DJAX_DISTGEMM_BUILD_TOOLS=ON)"
+    return 1
+  fi
+  for tp in 2 4 8; do
+    set +e
+    timeout "${VTP_TIMEOUT:-60}" "$bin" --tp "$tp" > "$OUT/virtual_tp$tp.log" 2>&1
+    rc=$?
+    set -e
+    log "virtual TP=$tp on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_tp$tp.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_tp$tp.log") failed"
+    [[ $rc -ne 0 ]] && return 1
+  done
+  # The control: each rank checked against its neighbour's expected output; every case must fail.
+  set +e
+  timeout "${VTP_TIMEOUT:-60}" "$bin" --tp 4 --control 1 > "$OUT/virtual_tp4_control.log" 2>&1
+  rc=$?
+  set -e
+  log "virtual TP=4 control (wrong reference): exit $rc; $(grep -c 'control OK' "$OUT/virtual_tp4_control.log") cases caught the error, $(grep -c 'not caught' "$OUT/virtual_tp4_control.log") did not"
+  [[ $rc -ne 0 ]] && return 1
+  return 0
+}
+if [[ "$MODE" == --virtual-tp-only ]]; then
+  status=0
+  virtual_tp || status=1
+  log "verdict: $([[ $status -eq 0 ]] && echo PASS || echo FAIL)"
+  exit $status
+fi
 
 # -- Machine -------------------------------------------------------------------------------------
 { nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv; nvidia-smi topo -m; } \
@@ -84,6 +120,10 @@ if [[ "$MODE" == all || "$MODE" == --tests-only ]]; then
     if grep -q "skipped" "$OUT/gpu_tests_run$run.log"; then log "FAIL: GPU tests skipped"; rc=1; fi
     [[ $rc -ne 0 ]] && status=1
   done
+fi
+
+if [[ "$MODE" == all ]]; then
+  virtual_tp || status=1
 fi
 
 # -- Multi-process: one process per GPU (CUDA IPC) ------------------------------------------------

@@ -1,0 +1,411 @@
+// Tool, not part of the package: the CUDA executor at TP=4 and TP=8 on ONE GPU, every rank of
+// the group a "virtual device" on the same ordinal.  Checks every schedule and data path against
+// a naive fp32 GEMM on the same GPU, over several calls (both parities, rising epochs).
+//
+// What it exercises: the executor's index math, slot and flag traffic, epochs, fused grids and
+// copy-engine pushes at TP > 2, which the lent two-GPU machines cannot reach (the CPU suite runs
+// the schedules at TP=4/8 on another executor).  What it does not: NVLink, peer access between
+// GPUs, timing.  The ranks share one GPU's SMs, so each rank's persistent grids are capped to
+// 132 / (2 TP) SMs (DeviceState::sm_count), and every launch waits for the previous one
+// (CallOptions::overlap_stages off), which keeps every rank's grids resident at once: our
+// kernels spin on flags that other ranks' grids and copies set.
+//
+// NOTE: set before the CUDA context exists: CUDA_DEVICE_MAX_CONNECTIONS=32 (main does), so
+// that a case's 2 TP streams (each rank's main and copy stream, created in that order, 16 at
+// TP=8) land on distinct hardware queues: CUDA assigns queues round-robin in creation order,
+// and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it.
+//
+//   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
+//   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
+//       [--timeout-ms 3000] [--case I] [--verbose 1] [--control 1]
+// Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/common/problem.h"
+#include "cc/common/rs_path.h"
+#include "cc/cuda/executor.h"
+#include "cc/cuda/peer_state.h"
+
+namespace jdg = jax_distgemm;
+namespace jc = jax_distgemm::cuda;
+using jdg::ScheduleKind;
+
+namespace {
+
+// -- Reference: D[m, n] (+)= A[m, k] B[k, n], bf16 in, fp32 out, row-major with leading dims ----
+__global__ void RefGemm(const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb,
+                        float* d, int64_t ldd, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  const int64_t i = blockIdx.y * int64_t(blockDim.y) + threadIdx.y;
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= m || j >= n) return;
+  float acc = 0.f;
+  for (int64_t t = 0; t < k; ++t) {
+    acc += __bfloat162float(a[i * lda + t]) * __bfloat162float(b[t * ldb + j]);
+  }
+  d[i * ldd + j] = accumulate ? d[i * ldd + j] + acc : acc;
+}
+
+void Ref(const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb, float* d,
+         int64_t ldd, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  dim3 block(32, 8);
+  dim3 grid(unsigned((n + 31) / 32), unsigned((m + 7) / 8));
+  RefGemm<<<grid, block>>>(a, lda, b, ldb, d, ldd, m, n, k, accumulate);
+}
+
+#define CHECK_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                   \
+                   cudaGetErrorString(e_));                                                \
+      std::exit(2);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+struct Case {
+  ScheduleKind schedule;
+  const char* name;
+  int rs_path;       // RsPath (ReduceScatter), kRsAuto for AllGather
+  int rs_fused;      // RsFused
+  bool fuse_stages;  // AllGather: one fused grid
+  int ag_chunks;     // AllGather: pushed chunks (0: automatic)
+};
+
+struct Shapes {
+  int64_t m, n, k;  // global
+};
+
+// Per-rank shapes (design.md, "Semantics"), one batch.
+void LocalShapes(ScheduleKind s, int tp, const Shapes& g, int64_t x[2], int64_t w[2],
+                 int64_t o[2]) {
+  switch (s) {
+    case ScheduleKind::kAllGather1D_TilingCD_RotatingA:
+      x[0] = g.m / tp, x[1] = g.k, w[0] = g.k, w[1] = g.n / tp, o[0] = g.m, o[1] = g.n / tp;
+      break;
+    case ScheduleKind::kAllGather1D_TilingCD_RotatingB:
+      x[0] = g.m / tp, x[1] = g.k, w[0] = g.k, w[1] = g.n / tp, o[0] = g.m / tp, o[1] = g.n;
+      break;
+    case ScheduleKind::kReduceScatter1D_TilingA_RotatingC:
+      x[0] = g.m, x[1] = g.k / tp, w[0] = g.k / tp, w[1] = g.n, o[0] = g.m / tp, o[1] = g.n;
+      break;
+    case ScheduleKind::kReduceScatter1D_TilingB_RotatingC:
+      x[0] = g.m, x[1] = g.k / tp, w[0] = g.k / tp, w[1] = g.n, o[0] = g.m, o[1] = g.n / tp;
+      break;
+  }
+}
+
+// The expected output of rank r, fp32, from every rank's x and w (alpha applied on the host).
+void Expected(ScheduleKind s, int tp, int r, const Shapes& g,
+              const std::vector<__nv_bfloat16*>& x, const std::vector<__nv_bfloat16*>& w,
+              float* ref) {
+  int64_t xs[2], ws[2], os[2];
+  LocalShapes(s, tp, g, xs, ws, os);
+  for (int j = 0; j < tp; ++j) {
+    switch (s) {
+      case ScheduleKind::kAllGather1D_TilingCD_RotatingA:  // rows j of out = x_j @ w_r
+        Ref(x[j], xs[1], w[r], ws[1], ref + j * xs[0] * os[1], os[1], xs[0], ws[1], xs[1], false);
+        break;
+      case ScheduleKind::kAllGather1D_TilingCD_RotatingB:  // columns j of out = x_r @ w_j
+        Ref(x[r], xs[1], w[j], ws[1], ref + j * ws[1], os[1], xs[0], ws[1], xs[1], false);
+        break;
+      case ScheduleKind::kReduceScatter1D_TilingA_RotatingC:  // sum_j x_j[rows r] @ w_j
+        Ref(x[j] + r * os[0] * xs[1], xs[1], w[j], ws[1], ref, os[1], os[0], os[1], xs[1], j > 0);
+        break;
+      case ScheduleKind::kReduceScatter1D_TilingB_RotatingC:  // sum_j x_j @ w_j[:, cols r]
+        Ref(x[j], xs[1], w[j] + r * os[1], ws[1], ref, os[1], os[0], os[1], xs[1], j > 0);
+        break;
+    }
+  }
+}
+
+__global__ void FillKernel(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed * 2246822519u;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+    p[i] = __float2bfloat16((float(h & 0xFFFF) / 65535.f - 0.5f) * 2.f);  // uniform [-1, 1]
+  }
+}
+
+const char* PathName(const Case& c) {
+  static thread_local std::string s;
+  if (c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
+      c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
+    s = std::string(c.fuse_stages ? "fused" : "per-stage") + " chunks=" +
+        std::to_string(c.ag_chunks);
+  } else {
+    const char* p = jdg::RsPathName(c.rs_path);
+    s = std::string(*p ? p : "auto") + (c.rs_fused == jdg::kRsFusedOn ? " fused" : "");
+  }
+  return s.c_str();
+}
+
+// Runs `calls` calls of one case on a fresh group; returns whether every output matched.
+bool verbose = false;
+// --control 1: compare each rank's output with its right neighbour's expected output instead,
+// so that every case must FAIL: shows that the check can fail (printed as "control ...").
+bool control = false;
+
+// Where each rank's thread is (the watchdog prints it when a call stalls).
+enum Phase : int { kIdle = 0, kSetup = 1, kEnqueue = 2, kSync = 3, kDone = 4 };
+const char* kPhaseNames[] = {"idle", "EnsureReady", "EnqueueDistGemm", "cudaStreamSynchronize",
+                             "done"};
+std::atomic<int> g_phase[8];
+std::atomic<int> g_call{-1};
+
+bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_ms,
+             int group_base) {
+  int64_t xs[2], ws[2], os[2];
+  LocalShapes(c.schedule, tp, g, xs, ws, os);
+  jdg::Problem p;
+  const float alpha = 1.5f;
+  if (std::string err = jdg::MakeProblem(c.schedule, tp, xs, 2, ws, 2, os, 2, jdg::ElemType::kBF16,
+                                         jdg::ElemType::kBF16, jdg::ElemType::kBF16, false,
+                                         nullptr, 0, alpha, 0.f, &p);
+      !err.empty()) {
+    std::printf("%-36s %-22s SKIP (%s)\n", c.name, PathName(c), err.c_str());
+    return true;
+  }
+  // A fresh group per case (distinct global ids, all on ordinal 0): flags and epochs start at 0.
+  std::vector<int64_t> ids(tp);
+  for (int r = 0; r < tp; ++r) ids[r] = group_base + r;
+  jc::PeerGroup* group = jc::GetPeerGroup(ids, std::vector<int>(tp, 0));
+  jc::CallOptions opt;
+  opt.timeout_ms = timeout_ms;
+  opt.poison_output = true;  // unwritten tiles read NaN
+  opt.rs_path = c.rs_path;
+  opt.rs_fused = c.rs_fused;
+  opt.fuse_stages = c.fuse_stages;
+  opt.ag_chunks = c.ag_chunks;
+  // NOTE: every launch waits for the one before it.  With overlap (the default), each stage
+  // launch lets the next one start at once (programmatic dependent launch), so one rank can hold
+  // many grids spinning on flags, and on a shared GPU they take the SMs that the ranks that set
+  // those flags need: the first runs timed out in copy_ring at TP >= 4.  (On separate GPUs the
+  // flag's producer never needs this GPU's SMs.)  Waiting bounds a rank to two resident grids,
+  // which the SM cap below leaves room for.
+  opt.overlap_stages = false;
+  const size_t ws_bytes = jc::WorkspaceBytes(p, opt);
+  const bool all_gather = c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
+                          c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB;
+  const int sm_cap = std::max(2, (132 / (2 * tp)) & ~1);
+
+  std::vector<__nv_bfloat16*> x(tp), w(tp), out(tp);
+  std::vector<float*> ref(tp);
+  const int64_t out_elems = os[0] * os[1];
+  for (int r = 0; r < tp; ++r) {
+    CHECK_CUDA(cudaMalloc(&x[r], xs[0] * xs[1] * 2));
+    CHECK_CUDA(cudaMalloc(&w[r], ws[0] * ws[1] * 2));
+    CHECK_CUDA(cudaMalloc(&out[r], out_elems * 2));
+    CHECK_CUDA(cudaMalloc(&ref[r], out_elems * 4));
+  }
+  // Each rank's main stream, created before the group's copy streams (first call's setup).
+  std::vector<cudaStream_t> streams(tp);
+  for (int r = 0; r < tp; ++r) {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+  }
+  bool ok = true;
+  double worst = 0;
+  std::string first_error;
+  for (int call = 0; call < calls && ok; ++call) {
+    // Fresh operands each call, so that a stale slot of the previous call cannot pass.
+    for (int r = 0; r < tp; ++r) {
+      FillKernel<<<264, 256>>>(x[r], xs[0] * xs[1], 1000u * call + 2u * r + 1u);
+      FillKernel<<<264, 256>>>(w[r], ws[0] * ws[1], 1000u * call + 2u * r + 2u);
+    }
+    for (int r = 0; r < tp; ++r) {
+      Expected(c.schedule, tp, control ? (r + 1) % tp : r, g, x, w, ref[r]);
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<std::string> errors(tp);
+    for (int r = 0; r < tp; ++r) g_phase[r] = kIdle;
+    g_call = group_base * 100 + call;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; ++r) {
+      threads.emplace_back([&, r] {
+        const auto start = std::chrono::steady_clock::now();
+        cudaSetDevice(0);
+        cudaStream_t stream = streams[r];
+        // run_id keys the group's setup meeting (by ordinals): unique per case and call.
+        g_phase[r] = kSetup;
+        std::string err = group->EnsureReady(r, ws_bytes, stream, group_base * 100 + call, timeout_ms);
+        group->dev(r).sm_count = std::min(group->dev(r).sm_count, sm_cap);
+        g_phase[r] = kEnqueue;
+        if (err.empty()) {
+          err = jc::EnqueueDistGemm(p, r, *group, {x[r], w[r], nullptr, out[r]}, opt, stream);
+        }
+        g_phase[r] = kSync;
+        if (cudaError_t e = cudaStreamSynchronize(stream); err.empty() && e != cudaSuccess) {
+          err = cudaGetErrorString(e);
+        }
+        g_phase[r] = kDone;
+        if (err.empty()) err = group->PendingError();
+        errors[r] = err;
+        const double ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - start).count();
+        if (ms > 1000 || !err.empty() || verbose) {
+          const jc::CopyStreamReport& cs = group->dev(r).copy_stream_report;
+          std::printf("  call %d rank %d: %.0f ms, copy stream independent %d (%d candidates)%s%s\n",
+                      call, r, ms, cs.independent, cs.candidates, err.empty() ? "" : ": ",
+                      err.c_str());
+          std::fflush(stdout);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < tp; ++r) {
+      if (!errors[r].empty() && first_error.empty()) {
+        first_error = "rank " + std::to_string(r) + ": " + errors[r];
+      }
+    }
+    if (!first_error.empty()) {
+      ok = false;
+      break;
+    }
+    // Compare: |out - alpha ref| against the reference's largest magnitude.  Each bf16 rounding
+    // costs up to 2^-8 of it: the output's, and on ReduceScatter each of the TP - 1 running sums'
+    // (bf16 slots).  A missing or misplaced tile or partial is O(1).
+    const double tol = 1e-3 + std::ldexp(1.0, -8) * (all_gather ? 1 : tp);
+    std::vector<uint16_t> h(out_elems);
+    std::vector<float> hr(out_elems);
+    for (int r = 0; r < tp && ok; ++r) {
+      CHECK_CUDA(cudaMemcpy(h.data(), out[r], out_elems * 2, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(hr.data(), ref[r], out_elems * 4, cudaMemcpyDeviceToHost));
+      double max_ref = 0, max_err = 0;
+      for (int64_t i = 0; i < out_elems; ++i) {
+        uint32_t u = uint32_t(h[i]) << 16;
+        float v;
+        std::memcpy(&v, &u, 4);
+        const double want = double(alpha) * hr[i];
+        max_ref = std::max(max_ref, std::fabs(want));
+        const double e = std::isfinite(v) ? std::fabs(v - want) : INFINITY;
+        max_err = std::max(max_err, e);
+      }
+      const double rel = max_err / std::max(max_ref, 1e-30);
+      worst = std::max(worst, rel);
+      if (!(rel <= tol)) {
+        ok = false;
+        first_error = "call " + std::to_string(call) + " rank " + std::to_string(r) +
+                      ": max |out - ref| / max |ref| = " + std::to_string(rel) + " > " +
+                      std::to_string(tol);
+      }
+    }
+  }
+  if (control) {  // the check must have caught the wrong reference on the first call
+    const bool caught = !ok && first_error.rfind("call 0 rank 0:", 0) == 0;
+    std::printf("%-36s %-22s control %s  %s\n", c.name, PathName(c),
+                caught ? "OK (caught)" : "FAIL (not caught)", first_error.c_str());
+    ok = caught;
+  } else {
+    std::printf("%-36s %-22s %s  worst rel err %.2e%s%s\n", c.name, PathName(c),
+                ok ? "OK  " : "FAIL", worst, first_error.empty() ? "" : "  ", first_error.c_str());
+  }
+  std::fflush(stdout);
+  for (int r = 0; r < tp; ++r) {
+    cudaStreamDestroy(streams[r]);
+    cudaFree(x[r]);
+    cudaFree(w[r]);
+    cudaFree(out[r]);
+    cudaFree(ref[r]);
+  }
+  // A timed-out group keeps its sticky error; later cases use fresh groups.
+  return ok;
+}
+
+int64_t Arg(int argc, char** argv, const char* name, int64_t def) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
+  }
+  return def;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  // NOTE: no copy-stream probe (copy_stream.h).  Its blocked wait deadlocked the first runs at
+  // TP >= 4: another rank's setup on the same GPU (cudaDeviceSynchronize) waited on the blocked
+  // stream while this rank's probe could not get to open it.  It only compares a rank's copy
+  // stream with its own main stream anyway; here each case's 2 TP streams take distinct
+  // hardware queues (RunCase).
+  setenv("JAX_DISTGEMM_COPY_STREAM", "unchecked", 0);
+  // One fixed kernel: the tuner would time candidates on a GPU the other ranks share.
+  setenv("JAX_DISTGEMM_GEMM_CONFIG", "0:1:1", 0);
+  const int tp = int(Arg(argc, argv, "--tp", 4));
+  const Shapes g{Arg(argc, argv, "--m", 2048), Arg(argc, argv, "--n", 2048),
+                 Arg(argc, argv, "--k", 1024)};
+  const int calls = int(Arg(argc, argv, "--calls", 3));
+  const int64_t timeout_ms = Arg(argc, argv, "--timeout-ms", 3000);
+  const int only = int(Arg(argc, argv, "--case", -1));  // one case by index, -1: all
+  verbose = Arg(argc, argv, "--verbose", 0) != 0;
+  control = Arg(argc, argv, "--control", 0) != 0;
+  if (tp < 2 || tp > 8 || g.m % tp || g.n % tp || g.k % tp) {
+    std::fprintf(stderr, "--tp must be 2-8 and divide --m, --n and --k\n");
+    return 2;
+  }
+  // Watchdog: a call that stalls past every kernel timeout names where each rank is, then
+  // ends the process (exit status 3) rather than hang.
+  std::thread([tp, timeout_ms] {
+    int last = -2, stalled = 0;
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms + 2000));
+      const int call = g_call.load();
+      stalled = call == last ? stalled + 1 : 0;
+      last = call;
+      if (stalled < 2) continue;
+      std::printf("WATCHDOG: call %d stalled:", call);
+      for (int r = 0; r < tp; ++r) std::printf(" rank %d in %s;", r, kPhaseNames[g_phase[r]]);
+      std::printf("\n");
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+  }).detach();
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("virtual TP=%d on one %s (sm_%d%d, %d SMs), M=%lld N=%lld K=%lld, %d calls each\n",
+              tp, prop.name, prop.major, prop.minor, prop.multiProcessorCount, (long long)g.m,
+              (long long)g.n, (long long)g.k, calls);
+  std::fflush(stdout);
+  using S = ScheduleKind;
+  const S kAgA = S::kAllGather1D_TilingCD_RotatingA, kAgB = S::kAllGather1D_TilingCD_RotatingB;
+  const S kRsA = S::kReduceScatter1D_TilingA_RotatingC;
+  const S kRsB = S::kReduceScatter1D_TilingB_RotatingC;
+  const Case cases[] = {
+      {kAgA, "AllGather1D_TilingCD_RotatingA", 0, 0, true, 0},
+      {kAgA, "AllGather1D_TilingCD_RotatingA", 0, 0, true, 2},
+      {kAgA, "AllGather1D_TilingCD_RotatingA", 0, 0, false, 0},
+      {kAgB, "AllGather1D_TilingCD_RotatingB", 0, 0, true, 0},
+      {kAgB, "AllGather1D_TilingCD_RotatingB", 0, 0, false, 2},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsAuto, 0, true, 0},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsRemoteC, 0, true, 0},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsRemoteC, jdg::kRsFusedOn, true, 0},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsPush, 0, true, 0},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsCopyRing, 0, true, 0},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsCopyRing, jdg::kRsFusedOn, true, 0},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsGather, 0, true, 0},
+      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsGather, jdg::kRsFusedOn, true, 0},
+      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsAuto, 0, true, 0},
+      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsPush, jdg::kRsFusedOn, true, 0},
+      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsCopyRing, 0, true, 0},
+  };
+  bool all = true;
+  int base = 1000;
+  for (int i = 0; i < int(sizeof(cases) / sizeof(cases[0])); ++i, base += 100) {
+    if (only >= 0 && i != only) continue;
+    all = RunCase(cases[i], tp, g, calls, timeout_ms, base) && all;
+  }
+  std::printf("%s\n", all ? "ALL OK" : "FAILED");
+  return all ? 0 : 1;
+}
