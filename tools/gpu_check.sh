@@ -7,7 +7,7 @@
 #                                                          (default bench: --suite --local-gemm)
 #
 # --virtual-tp-only (also part of the default, after the GPU tests): every schedule and data path
-# at TP=2, 4 and 8 on ONE GPU, the ranks sharing it (tools/virtual_group_check.cu; needs the
+# at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it (tools/virtual_group_check.cu; needs the
 # binary carried as .carry/virtual_group_check, from a CMake build with
 # -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged as NOT RUN, with
 # --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per TP (default 60).
@@ -47,12 +47,22 @@ virtual_tp() {
     log "virtual TP check: NOT RUN (no .carry/virtual_group_check; build it with -DJAX_DISTGEMM_BUILD_TOOLS=ON)"
     return 2
   fi
-  for tp in 2 4 8; do
+  # name: arguments.  TP 3, 5, 6, 7 at 1680 (divisible by each, 16-byte rows, partial tiles);
+  # batches and the other types at TP=4.
+  local runs=("tp2:--tp 2" "tp4:--tp 4" "tp8:--tp 8"
+              "tp3_1680:--tp 3 --m 1680 --n 1680 --k 1680" "tp5_1680:--tp 5 --m 1680 --n 1680 --k 1680"
+              "tp6_1680:--tp 6 --m 1680 --n 1680 --k 1680" "tp7_1680:--tp 7 --m 1680 --n 1680 --k 1680"
+              "tp4_batch2:--tp 4 --batch 2" "tp4_f16:--tp 4 --f16 1" "tp4_bf16_f32out:--tp 4 --out-f32 1"
+              "tp4_f16_f32out:--tp 4 --f16 1 --out-f32 1")
+  local run name args
+  for run in "${runs[@]}"; do
+    name=${run%%:*}; args=${run#*:}
     set +e
-    timeout "${VTP_TIMEOUT:-60}" "$bin" --tp "$tp" > "$OUT/virtual_tp$tp.log" 2>&1
+    # shellcheck disable=SC2086
+    timeout "${VTP_TIMEOUT:-60}" "$bin" $args > "$OUT/virtual_$name.log" 2>&1
     rc=$?
     set -e
-    log "virtual TP=$tp on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_tp$tp.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_tp$tp.log") failed"
+    log "virtual $name ($args) on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_$name.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_$name.log") failed"
     [[ $rc -ne 0 ]] && return 1
   done
   # The control: each rank checked against its neighbour's expected output; every case must fail.

@@ -17,9 +17,11 @@
 //
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
-//       [--timeout-ms 3000] [--case I] [--verbose 1] [--control 1]
+//       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
+//       [--control 1]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,24 +47,52 @@ using jdg::ScheduleKind;
 
 namespace {
 
-// -- Reference: D[m, n] (+)= A[m, k] B[k, n], bf16 in, fp32 out, row-major with leading dims ----
-__global__ void RefGemm(const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb,
-                        float* d, int64_t ldd, int64_t m, int64_t n, int64_t k, bool accumulate) {
+// The run's types and batch (--f16, --out-f32, --batch): inputs bf16 or f16, output the inputs'
+// type or f32, x and out with L batches, w shared across them.
+bool g_f16 = false;
+bool g_out_f32 = false;
+int64_t g_batch = 1;
+
+__device__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ float ToF(__half v) { return __half2float(v); }
+__device__ void FromF(float f, __nv_bfloat16* p) { *p = __float2bfloat16(f); }
+__device__ void FromF(float f, __half* p) { *p = __float2half(f); }
+
+// -- Reference: D[m, n] (+)= A[m, k] B[k, n], 16-bit in, fp32 out, row-major with leading dims --
+template <class T>
+__global__ void RefGemm(const T* a, int64_t lda, const T* b, int64_t ldb, float* d, int64_t ldd,
+                        int64_t m, int64_t n, int64_t k, bool accumulate) {
   const int64_t i = blockIdx.y * int64_t(blockDim.y) + threadIdx.y;
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= m || j >= n) return;
   float acc = 0.f;
-  for (int64_t t = 0; t < k; ++t) {
-    acc += __bfloat162float(a[i * lda + t]) * __bfloat162float(b[t * ldb + j]);
-  }
+  for (int64_t t = 0; t < k; ++t) acc += ToF(a[i * lda + t]) * ToF(b[t * ldb + j]);
   d[i * ldd + j] = accumulate ? d[i * ldd + j] + acc : acc;
 }
 
-void Ref(const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb, float* d,
-         int64_t ldd, int64_t m, int64_t n, int64_t k, bool accumulate) {
+// Offsets in elements of the input type.
+void Ref(const void* a, int64_t a_off, int64_t lda, const void* b, int64_t b_off, int64_t ldb,
+         float* d, int64_t ldd, int64_t m, int64_t n, int64_t k, bool accumulate) {
   dim3 block(32, 8);
   dim3 grid(unsigned((n + 31) / 32), unsigned((m + 7) / 8));
-  RefGemm<<<grid, block>>>(a, lda, b, ldb, d, ldd, m, n, k, accumulate);
+  if (g_f16) {
+    RefGemm<<<grid, block>>>(static_cast<const __half*>(a) + a_off, lda,
+                             static_cast<const __half*>(b) + b_off, ldb, d, ldd, m, n, k,
+                             accumulate);
+  } else {
+    RefGemm<<<grid, block>>>(static_cast<const __nv_bfloat16*>(a) + a_off, lda,
+                             static_cast<const __nv_bfloat16*>(b) + b_off, ldb, d, ldd, m, n, k,
+                             accumulate);
+  }
+}
+
+// The output as fp32, whatever its type.
+template <class T>
+__global__ void ToFloatKernel(const T* src, float* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = ToF(src[i]);
+  }
 }
 
 #define CHECK_CUDA(expr)                                                                   \
@@ -107,36 +137,52 @@ void LocalShapes(ScheduleKind s, int tp, const Shapes& g, int64_t x[2], int64_t 
   }
 }
 
-// The expected output of rank r, fp32, from every rank's x and w (alpha applied on the host).
-void Expected(ScheduleKind s, int tp, int r, const Shapes& g,
-              const std::vector<__nv_bfloat16*>& x, const std::vector<__nv_bfloat16*>& w,
-              float* ref) {
+// The expected output of rank r, fp32, from every rank's x and w (alpha applied on the host);
+// batch l of x and out follows batch l-1, w is shared.
+void Expected(ScheduleKind s, int tp, int r, const Shapes& g, const std::vector<void*>& x,
+              const std::vector<void*>& w, float* ref_all) {
   int64_t xs[2], ws[2], os[2];
   LocalShapes(s, tp, g, xs, ws, os);
-  for (int j = 0; j < tp; ++j) {
-    switch (s) {
-      case ScheduleKind::kAllGather1D_TilingCD_RotatingA:  // rows j of out = x_j @ w_r
-        Ref(x[j], xs[1], w[r], ws[1], ref + j * xs[0] * os[1], os[1], xs[0], ws[1], xs[1], false);
-        break;
-      case ScheduleKind::kAllGather1D_TilingCD_RotatingB:  // columns j of out = x_r @ w_j
-        Ref(x[r], xs[1], w[j], ws[1], ref + j * ws[1], os[1], xs[0], ws[1], xs[1], false);
-        break;
-      case ScheduleKind::kReduceScatter1D_TilingA_RotatingC:  // sum_j x_j[rows r] @ w_j
-        Ref(x[j] + r * os[0] * xs[1], xs[1], w[j], ws[1], ref, os[1], os[0], os[1], xs[1], j > 0);
-        break;
-      case ScheduleKind::kReduceScatter1D_TilingB_RotatingC:  // sum_j x_j @ w_j[:, cols r]
-        Ref(x[j], xs[1], w[j] + r * os[1], ws[1], ref, os[1], os[0], os[1], xs[1], j > 0);
-        break;
+  for (int64_t l = 0; l < g_batch; ++l) {
+    const int64_t xl = l * xs[0] * xs[1];
+    float* ref = ref_all + l * os[0] * os[1];
+    for (int j = 0; j < tp; ++j) {
+      switch (s) {
+        case ScheduleKind::kAllGather1D_TilingCD_RotatingA:  // rows j of out = x_j @ w_r
+          Ref(x[j], xl, xs[1], w[r], 0, ws[1], ref + j * xs[0] * os[1], os[1], xs[0], ws[1],
+              xs[1], false);
+          break;
+        case ScheduleKind::kAllGather1D_TilingCD_RotatingB:  // columns j of out = x_r @ w_j
+          Ref(x[r], xl, xs[1], w[j], 0, ws[1], ref + j * ws[1], os[1], xs[0], ws[1], xs[1],
+              false);
+          break;
+        case ScheduleKind::kReduceScatter1D_TilingA_RotatingC:  // sum_j x_j[rows r] @ w_j
+          Ref(x[j], xl + r * os[0] * xs[1], xs[1], w[j], 0, ws[1], ref, os[1], os[0], os[1],
+              xs[1], j > 0);
+          break;
+        case ScheduleKind::kReduceScatter1D_TilingB_RotatingC:  // sum_j x_j @ w_j[:, cols r]
+          Ref(x[j], xl, xs[1], w[j], r * os[1], ws[1], ref, os[1], os[0], os[1], xs[1], j > 0);
+          break;
+      }
     }
   }
 }
 
-__global__ void FillKernel(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+template <class T>
+__global__ void FillKernel(T* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed * 2246822519u;
     h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
-    p[i] = __float2bfloat16((float(h & 0xFFFF) / 65535.f - 0.5f) * 2.f);  // uniform [-1, 1]
+    FromF((float(h & 0xFFFF) / 65535.f - 0.5f) * 2.f, p + i);  // uniform [-1, 1]
+  }
+}
+
+void Fill(void* p, int64_t n, uint32_t seed) {
+  if (g_f16) {
+    FillKernel<<<264, 256>>>(static_cast<__half*>(p), n, seed);
+  } else {
+    FillKernel<<<264, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
   }
 }
 
@@ -172,9 +218,13 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
   LocalShapes(c.schedule, tp, g, xs, ws, os);
   jdg::Problem p;
   const float alpha = 1.5f;
-  if (std::string err = jdg::MakeProblem(c.schedule, tp, xs, 2, ws, 2, os, 2, jdg::ElemType::kBF16,
-                                         jdg::ElemType::kBF16, jdg::ElemType::kBF16, false,
-                                         nullptr, 0, alpha, 0.f, &p);
+  const jdg::ElemType in_type = g_f16 ? jdg::ElemType::kF16 : jdg::ElemType::kBF16;
+  const jdg::ElemType out_type = g_out_f32 ? jdg::ElemType::kF32 : in_type;
+  const int64_t x_dims[3] = {g_batch, xs[0], xs[1]}, out_dims[3] = {g_batch, os[0], os[1]};
+  const int rank = g_batch > 1 ? 3 : 2;  // x and out [L, ., .] only when batched
+  if (std::string err = jdg::MakeProblem(c.schedule, tp, x_dims + 3 - rank, rank, ws, 2,
+                                         out_dims + 3 - rank, rank, in_type, in_type, out_type,
+                                         false, nullptr, 0, alpha, 0.f, &p);
       !err.empty()) {
     std::printf("%-36s %-22s SKIP (%s)\n", c.name, PathName(c), err.c_str());
     return true;
@@ -202,14 +252,16 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                           c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB;
   const int sm_cap = std::max(2, (132 / (2 * tp)) & ~1);
 
-  std::vector<__nv_bfloat16*> x(tp), w(tp), out(tp);
-  std::vector<float*> ref(tp);
-  const int64_t out_elems = os[0] * os[1];
+  std::vector<void*> x(tp), w(tp), out(tp);
+  std::vector<float*> ref(tp), got(tp);
+  const int64_t x_elems = g_batch * xs[0] * xs[1], out_elems = g_batch * os[0] * os[1];
+  const size_t out_size = g_out_f32 ? 4 : 2;
   for (int r = 0; r < tp; ++r) {
-    CHECK_CUDA(cudaMalloc(&x[r], xs[0] * xs[1] * 2));
+    CHECK_CUDA(cudaMalloc(&x[r], x_elems * 2));
     CHECK_CUDA(cudaMalloc(&w[r], ws[0] * ws[1] * 2));
-    CHECK_CUDA(cudaMalloc(&out[r], out_elems * 2));
+    CHECK_CUDA(cudaMalloc(&out[r], out_elems * out_size));
     CHECK_CUDA(cudaMalloc(&ref[r], out_elems * 4));
+    CHECK_CUDA(cudaMalloc(&got[r], out_elems * 4));
   }
   // Each rank's main stream, created before the group's copy streams (first call's setup).
   std::vector<cudaStream_t> streams(tp);
@@ -222,8 +274,8 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
   for (int call = 0; call < calls && ok; ++call) {
     // Fresh operands each call, so that a stale slot of the previous call cannot pass.
     for (int r = 0; r < tp; ++r) {
-      FillKernel<<<264, 256>>>(x[r], xs[0] * xs[1], 1000u * call + 2u * r + 1u);
-      FillKernel<<<264, 256>>>(w[r], ws[0] * ws[1], 1000u * call + 2u * r + 2u);
+      Fill(x[r], x_elems, 1000u * call + 2u * r + 1u);
+      Fill(w[r], ws[0] * ws[1], 1000u * call + 2u * r + 2u);
     }
     for (int r = 0; r < tp; ++r) {
       Expected(c.schedule, tp, control ? (r + 1) % tp : r, g, x, w, ref[r]);
@@ -274,20 +326,25 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
       ok = false;
       break;
     }
-    // Compare: |out - alpha ref| against the reference's largest magnitude.  Each bf16 rounding
-    // costs up to 2^-8 of it: the output's, and on ReduceScatter each of the TP - 1 running sums'
-    // (bf16 slots).  A missing or misplaced tile or partial is O(1).
-    const double tol = 1e-3 + std::ldexp(1.0, -8) * (all_gather ? 1 : tp);
-    std::vector<uint16_t> h(out_elems);
-    std::vector<float> hr(out_elems);
+    // Compare: |out - alpha ref| against the reference's largest magnitude.  Each 16-bit
+    // rounding costs up to 2^-8 of it (bf16; f16 less): the output's, and on ReduceScatter each
+    // of the TP - 1 running sums' (slots of the output type; fp32 output: fp32 sums).  A missing
+    // or misplaced tile or partial is O(1).
+    const double tol = 1e-3 + (g_out_f32 ? 0.0 : std::ldexp(1.0, -8) * (all_gather ? 1 : tp));
+    std::vector<float> h(out_elems), hr(out_elems);
     for (int r = 0; r < tp && ok; ++r) {
-      CHECK_CUDA(cudaMemcpy(h.data(), out[r], out_elems * 2, cudaMemcpyDeviceToHost));
+      if (g_out_f32) {
+        CHECK_CUDA(cudaMemcpy(got[r], out[r], out_elems * 4, cudaMemcpyDeviceToDevice));
+      } else if (g_f16) {
+        ToFloatKernel<<<264, 256>>>(static_cast<const __half*>(out[r]), got[r], out_elems);
+      } else {
+        ToFloatKernel<<<264, 256>>>(static_cast<const __nv_bfloat16*>(out[r]), got[r], out_elems);
+      }
+      CHECK_CUDA(cudaMemcpy(h.data(), got[r], out_elems * 4, cudaMemcpyDeviceToHost));
       CHECK_CUDA(cudaMemcpy(hr.data(), ref[r], out_elems * 4, cudaMemcpyDeviceToHost));
       double max_ref = 0, max_err = 0;
       for (int64_t i = 0; i < out_elems; ++i) {
-        uint32_t u = uint32_t(h[i]) << 16;
-        float v;
-        std::memcpy(&v, &u, 4);
+        const float v = h[i];
         const double want = double(alpha) * hr[i];
         max_ref = std::max(max_ref, std::fabs(want));
         const double e = std::isfinite(v) ? std::fabs(v - want) : INFINITY;
@@ -319,6 +376,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     cudaFree(w[r]);
     cudaFree(out[r]);
     cudaFree(ref[r]);
+    cudaFree(got[r]);
   }
   // A timed-out group keeps its sticky error; later cases use fresh groups.
   return ok;
@@ -351,6 +409,9 @@ int main(int argc, char** argv) {
   const int only = int(Arg(argc, argv, "--case", -1));  // one case by index, -1: all
   verbose = Arg(argc, argv, "--verbose", 0) != 0;
   control = Arg(argc, argv, "--control", 0) != 0;
+  g_f16 = Arg(argc, argv, "--f16", 0) != 0;
+  g_out_f32 = Arg(argc, argv, "--out-f32", 0) != 0;
+  g_batch = std::max<int64_t>(1, Arg(argc, argv, "--batch", 1));
   if (tp < 2 || tp > 8 || g.m % tp || g.n % tp || g.k % tp) {
     std::fprintf(stderr, "--tp must be 2-8 and divide --m, --n and --k\n");
     return 2;
@@ -374,9 +435,11 @@ int main(int argc, char** argv) {
   }).detach();
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("virtual TP=%d on one %s (sm_%d%d, %d SMs), M=%lld N=%lld K=%lld, %d calls each\n",
+  std::printf("virtual TP=%d on one %s (sm_%d%d, %d SMs), M=%lld N=%lld K=%lld, batch %lld, "
+              "%s in, %s out, %d calls each\n",
               tp, prop.name, prop.major, prop.minor, prop.multiProcessorCount, (long long)g.m,
-              (long long)g.n, (long long)g.k, calls);
+              (long long)g.n, (long long)g.k, (long long)g_batch, g_f16 ? "f16" : "bf16",
+              g_out_f32 ? "f32" : (g_f16 ? "f16" : "bf16"), calls);
   std::fflush(stdout);
   using S = ScheduleKind;
   const S kAgA = S::kAllGather1D_TilingCD_RotatingA, kAgB = S::kAllGather1D_TilingCD_RotatingB;
