@@ -1,5 +1,5 @@
-// Tool, not part of the package: the CUDA executor at TP=4 and TP=8 on ONE GPU, every rank of
-// the group a "virtual device" on the same ordinal.  Checks every schedule and data path against
+// Tool, not part of the package: the CUDA executor at any TP from 2 to 8 on ONE GPU, every rank
+// of the group a "virtual device" on the same ordinal.  Checks every schedule and data path against
 // a naive fp32 GEMM on the same GPU, over several calls (both parities, rising epochs).
 //
 // What it exercises: the executor's index math, slot and flag traffic, epochs, fused grids and
@@ -31,7 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,8 +198,7 @@ const char* PathName(const Case& c) {
   return s.c_str();
 }
 
-// Runs `calls` calls of one case on a fresh group; returns whether every output matched.
-bool verbose = false;
+bool verbose = false;  // --verbose 1: a line per rank and call
 // --control 1: compare each rank's output with its right neighbour's expected output instead,
 // so that every case must FAIL: shows that the check can fail (printed as "control ...").
 bool control = false;
@@ -212,6 +210,7 @@ const char* kPhaseNames[] = {"idle", "EnsureReady", "EnqueueDistGemm", "cudaStre
 std::atomic<int> g_phase[8];
 std::atomic<int> g_call{-1};
 
+// Runs `calls` calls of one case on a fresh group; returns whether every output matched.
 bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_ms,
              int group_base) {
   int64_t xs[2], ws[2], os[2];
@@ -416,8 +415,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--tp must be 2-8 and divide --m, --n and --k\n");
     return 2;
   }
-  // Watchdog: a call that stalls past every kernel timeout names where each rank is, then
-  // ends the process (exit status 3) rather than hang.
+  // Watchdog: a call that stalls past every kernel timeout (two periods of --timeout-ms + 2 s
+  // without a new call) names where each rank is, then ends the process (exit status 3)
+  // rather than hang.
   std::thread([tp, timeout_ms] {
     int last = -2, stalled = 0;
     for (;;) {
