@@ -106,7 +106,6 @@ __global__ void ToFloatKernel(const T* src, float* dst, int64_t n) {
 
 struct Case {
   ScheduleKind schedule;
-  const char* name;
   int rs_path;       // RsPath (ReduceScatter), kRsAuto for AllGather
   int rs_fused;      // RsFused
   bool fuse_stages;  // AllGather: one fused grid
@@ -225,7 +224,8 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                                          out_dims + 3 - rank, rank, in_type, in_type, out_type,
                                          false, nullptr, 0, alpha, 0.f, &p);
       !err.empty()) {
-    std::printf("%-36s %-22s SKIP (%s)\n", c.name, PathName(c), err.c_str());
+    std::printf("%-36s %-22s SKIP (%s)\n", jdg::ScheduleName(c.schedule), PathName(c),
+                err.c_str());
     return true;
   }
   // A fresh group per case (distinct global ids, all on ordinal 0): flags and epochs start at 0.
@@ -291,7 +291,8 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
         cudaStream_t stream = streams[r];
         // run_id keys the group's setup meeting (by ordinals): unique per case and call.
         g_phase[r] = kSetup;
-        std::string err = group->EnsureReady(r, ws_bytes, stream, group_base * 100 + call, timeout_ms);
+        std::string err =
+            group->EnsureReady(r, ws_bytes, stream, group_base * 100 + call, timeout_ms);
         group->dev(r).sm_count = std::min(group->dev(r).sm_count, sm_cap);
         g_phase[r] = kEnqueue;
         if (err.empty()) {
@@ -308,9 +309,9 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                               std::chrono::steady_clock::now() - start).count();
         if (ms > 1000 || !err.empty() || verbose) {
           const jc::CopyStreamReport& cs = group->dev(r).copy_stream_report;
-          std::printf("  call %d rank %d: %.0f ms, copy stream independent %d (%d candidates)%s%s\n",
-                      call, r, ms, cs.independent, cs.candidates, err.empty() ? "" : ": ",
-                      err.c_str());
+          std::printf("  call %d rank %d: %.0f ms, copy stream independent %d (%d candidates)"
+                      "%s%s\n", call, r, ms, cs.independent, cs.candidates,
+                      err.empty() ? "" : ": ", err.c_str());
           std::fflush(stdout);
         }
       });
@@ -361,12 +362,13 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
   }
   if (control) {  // the check must have caught the wrong reference on the first call
     const bool caught = !ok && first_error.rfind("call 0 rank 0:", 0) == 0;
-    std::printf("%-36s %-22s control %s  %s\n", c.name, PathName(c),
+    std::printf("%-36s %-22s control %s  %s\n", jdg::ScheduleName(c.schedule), PathName(c),
                 caught ? "OK (caught)" : "FAIL (not caught)", first_error.c_str());
     ok = caught;
   } else {
-    std::printf("%-36s %-22s %s  worst rel err %.2e%s%s\n", c.name, PathName(c),
-                ok ? "OK  " : "FAIL", worst, first_error.empty() ? "" : "  ", first_error.c_str());
+    std::printf("%-36s %-22s %s  worst rel err %.2e%s%s\n", jdg::ScheduleName(c.schedule),
+                PathName(c), ok ? "OK  " : "FAIL", worst, first_error.empty() ? "" : "  ",
+                first_error.c_str());
   }
   std::fflush(stdout);
   for (int r = 0; r < tp; ++r) {
@@ -446,27 +448,27 @@ int main(int argc, char** argv) {
   const S kRsA = S::kReduceScatter1D_TilingA_RotatingC;
   const S kRsB = S::kReduceScatter1D_TilingB_RotatingC;
   const Case cases[] = {
-      {kAgA, "AllGather1D_TilingCD_RotatingA", 0, 0, true, 0},
-      {kAgA, "AllGather1D_TilingCD_RotatingA", 0, 0, true, 2},
-      {kAgA, "AllGather1D_TilingCD_RotatingA", 0, 0, false, 0},
-      {kAgB, "AllGather1D_TilingCD_RotatingB", 0, 0, true, 0},
-      {kAgB, "AllGather1D_TilingCD_RotatingB", 0, 0, true, 2},
-      {kAgB, "AllGather1D_TilingCD_RotatingB", 0, 0, false, 2},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsAuto, 0, true, 0},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsRemoteC, 0, true, 0},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsRemoteC, jdg::kRsFusedOn, true, 0},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsPush, 0, true, 0},
-      // copy_add is TP=2 only; at other TPs the executor runs remote_c instead.
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsCopyAdd, 0, true, 0},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsCopyRing, 0, true, 0},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsCopyRing, jdg::kRsFusedOn, true, 0},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsGather, 0, true, 0},
-      {kRsA, "ReduceScatter1D_TilingA_RotatingC", jdg::kRsGather, jdg::kRsFusedOn, true, 0},
-      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsAuto, 0, true, 0},
-      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsRemoteC, 0, true, 0},
-      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsCopyAdd, 0, true, 0},
-      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsPush, jdg::kRsFusedOn, true, 0},
-      {kRsB, "ReduceScatter1D_TilingB_RotatingC", jdg::kRsCopyRing, 0, true, 0},
+      // schedule, RsPath, RsFused, AllGather fused grid, AllGather chunks
+      {kAgA, 0, 0, true, 0},
+      {kAgA, 0, 0, true, 2},
+      {kAgA, 0, 0, false, 0},
+      {kAgB, 0, 0, true, 0},
+      {kAgB, 0, 0, true, 2},
+      {kAgB, 0, 0, false, 2},
+      {kRsA, jdg::kRsAuto, 0, true, 0},
+      {kRsA, jdg::kRsRemoteC, 0, true, 0},
+      {kRsA, jdg::kRsRemoteC, jdg::kRsFusedOn, true, 0},
+      {kRsA, jdg::kRsPush, 0, true, 0},
+      {kRsA, jdg::kRsCopyAdd, 0, true, 0},  // TP=2 only; elsewhere the executor runs remote_c
+      {kRsA, jdg::kRsCopyRing, 0, true, 0},
+      {kRsA, jdg::kRsCopyRing, jdg::kRsFusedOn, true, 0},
+      {kRsA, jdg::kRsGather, 0, true, 0},
+      {kRsA, jdg::kRsGather, jdg::kRsFusedOn, true, 0},
+      {kRsB, jdg::kRsAuto, 0, true, 0},
+      {kRsB, jdg::kRsRemoteC, 0, true, 0},
+      {kRsB, jdg::kRsCopyAdd, 0, true, 0},
+      {kRsB, jdg::kRsPush, jdg::kRsFusedOn, true, 0},
+      {kRsB, jdg::kRsCopyRing, 0, true, 0},
   };
   bool all = true;
   int base = 1000;

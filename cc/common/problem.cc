@@ -13,8 +13,6 @@ const char* ElemName(ElemType t) {
   }
 }
 
-namespace {
-
 const char* ScheduleName(ScheduleKind s) {
   switch (s) {
     case ScheduleKind::kAllGather1D_TilingCD_RotatingA: return "AllGather1D_TilingCD_RotatingA";
@@ -26,6 +24,8 @@ const char* ScheduleName(ScheduleKind s) {
   }
   return "?";
 }
+
+namespace {
 
 std::string Dims(const int64_t* d, int r) {
   std::ostringstream s;

@@ -17,6 +17,7 @@ enum class ElemType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2, kUnsupported = -1
 
 inline int64_t ElemSize(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
 const char* ElemName(ElemType t);
+const char* ScheduleName(ScheduleKind s);  // the Python Schedule's name, e.g. "AllGather1D_..."
 
 // A matrix inside a (possibly batched) buffer, in elements: element (l, r, c) is at
 // offset + l * batch_stride + r * ld + c.

@@ -1,7 +1,5 @@
 #include "cc/common/rs_path.h"
 
-#include <cstring>
-
 #include "cc/common/env.h"
 
 namespace jax_distgemm {

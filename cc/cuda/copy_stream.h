@@ -36,9 +36,9 @@ CopyStreamMode CopyStreamModeFromEnv();
 // keeps the first and still reports whether it is independent of `main`.  kUnchecked keeps the
 // first without blocking anything (independent -1): for ranks that share one GPU
 // (tools/virtual_group_check.cu), where runs with the blocked wait hung (our reading: another
-// rank's setup, cudaDeviceSynchronize, waits on the blocked stream while the probe waits on it).  Where the probe itself cannot run
-// (no mapped host memory, no stream-memory wait on it), falls back to one unprobed stream
-// (independent -1).
+// rank's setup, cudaDeviceSynchronize, waits on the blocked stream while the probe waits on
+// it).  Where the probe itself cannot run (no mapped host memory, no stream-memory wait on
+// it), falls back to one unprobed stream (independent -1).
 std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_t* out,
                              CopyStreamReport* report);
 
