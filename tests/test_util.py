@@ -7,9 +7,11 @@ not skip): see `cpu_devices`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import unittest
+from unittest import mock
 
 os.environ.setdefault("XLA_FLAGS", "")
 import jax  # noqa: E402
@@ -27,6 +29,20 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+
+# The ReduceScatter path switches, read per call by both executors (cc/common/rs_path.h) and by
+# the Python mirror (cuda_rules.rs_path).
+RS_SWITCHES = ("JAX_DISTGEMM_RS_PATH", "JAX_DISTGEMM_RS_FUSED")
+
+
+@contextlib.contextmanager
+def rs_env(env: dict[str, str]):
+  """Exactly the RS_SWITCHES in `env` set, the others unset, whatever the caller's environment;
+  all restored on exit."""
+  with mock.patch.dict(os.environ, env):
+    for k in set(RS_SWITCHES) - set(env):
+      os.environ.pop(k, None)
+    yield
 
 # Relative Frobenius error bound vs a float64 reference, per input dtype: products are exact in
 # fp32 accumulation, the output rounding dominates.

@@ -132,9 +132,7 @@ class TimeoutTest(parameterized.TestCase):
     stops before the second is reported at the closing barrier of this path, whose message says
     what peers still read (so the path is the one that ran)."""
     mesh = tu.mesh_1d(4)
-    with mock.patch.dict(os.environ, env):
-      if not env:
-        os.environ.pop("JAX_DISTGEMM_RS_PATH", None)  # (restored on exit)
+    with tu.rs_env(env):
       f, x, w, ref = _build(Schedule.ReduceScatter1D_TilingA_RotatingC, mesh, "tp",
                             timeout_ms=TIMEOUT_MS, shapes=shapes)
       self.assertCorrect(f, x, w, ref)
@@ -153,9 +151,7 @@ class TimeoutTest(parameterized.TestCase):
     the second barrier is then reported at the ring's stage 0, not at the gather's closing
     barrier."""
     mesh = tu.mesh_1d(4)
-    with mock.patch.dict(os.environ, env):
-      for k in {"JAX_DISTGEMM_RS_PATH", "JAX_DISTGEMM_RS_FUSED"} - set(env):
-        os.environ.pop(k, None)  # (restored on exit)
+    with tu.rs_env(env):
       f, x, w, ref = _build(Schedule.ReduceScatter1D_TilingA_RotatingC, mesh, "tp",
                             timeout_ms=TIMEOUT_MS, shapes=((128, 64), (64, 64)))
       self.assertCorrect(f, x, w, ref)

@@ -398,9 +398,7 @@ class WorkspaceEstimateTest(absltest.TestCase):
         {"JAX_DISTGEMM_RS_PATH": "copy_add"}, ring // 2), (  # TP=4: remote C instead
         {"JAX_DISTGEMM_RS_FUSED": "all"}, ring // 2)
     for env, want in cases:
-      with self.subTest(env=env), mock.patch.dict(os.environ, env):
-        for k in {"JAX_DISTGEMM_RS_PATH", "JAX_DISTGEMM_RS_FUSED"} - set(env):
-          os.environ.pop(k, None)
+      with self.subTest(env=env), tu.rs_env(env):
         self.assertEqual(cuda_rules.workspace_bytes((128, 16), (16, 64), bf16, RS_A, 4), want)
     # TilingB never gathers; at TP=2 copy-add keeps its 2 slots.
     self.assertEqual(cuda_rules.rs_path(RS_B, 4, 1, False, 128, 16, 16), "copy_ring")
