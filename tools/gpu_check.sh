@@ -7,10 +7,11 @@
 #                                                          (default bench: --suite --local-gemm)
 #
 # --virtual-tp-only (also part of the default, after the GPU tests): every schedule and data path
-# at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it (tools/virtual_group_check.cu; needs the
-# binary carried as .carry/virtual_group_check, from a CMake build with
-# -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged as NOT RUN, with
-# --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per TP (default 60).
+# at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it
+# (tools/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a
+# CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
+# as NOT RUN, with --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per
+# run (default 60 s).
 #
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
 # GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
@@ -40,7 +41,7 @@ PY=${PYTHON:-python3}
 
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 
-# -- Virtual ranks: TP=2/4/8 on one GPU (no install needed) -----------------------------------------
+# -- Virtual ranks: TP 2-8 on one GPU (no install needed) ----------------------------------------
 virtual_tp() {
   local bin=$ROOT/.carry/virtual_group_check rc tp
   if [[ ! -x "$bin" ]]; then

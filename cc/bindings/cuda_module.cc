@@ -108,8 +108,9 @@ NB_MODULE(_distgemm_cuda, m) {
         "(ordinal, candidates, independent, note, group, rank) per initialized device of each "
         "peer group: how many streams were tried for its copy stream and whether a blocked wait "
         "on the kept one leaves XLA's compute stream free (1 yes, 0 no, -1 not probed; "
-        "JAX_DISTGEMM_COPY_STREAM=plain keeps the first, =unchecked keeps it unprobed); group: the members' local ordinals "
-        "in rank order (-1: another process's), rank: this device's.");
+        "JAX_DISTGEMM_COPY_STREAM=plain keeps the first, =unchecked keeps it unprobed); group: "
+        "the members' local ordinals in rank order (-1: another process's), rank: this "
+        "device's.");
   m.def("last_rs_paths", &jax_distgemm::cuda::LastRsPaths,
         "(ordinal, group, path) per initialized device of each peer group: the ReduceScatter "
         "data path its last ReduceScatter call took (remote_c, push, copy_add, copy_ring, "
