@@ -32,8 +32,8 @@ from jax_distgemm._src import gpu_monitor, runtime
 # GemmConfig values (cc/cuda/gemm_kernels.h) and which have a fused (ptr-array) kernel.
 CONFIG_NAMES = {0: "coop128x256_c2x1", 1: "coop256x128_c1x2", 2: "pingpong128x128_c1x2",
                 3: "pingpong128x128_c2x1", 4: "coop256x128_c2x1", 5: "coop128x256_c1x2",
-                6: "coop128x256_c1x1"}
-FUSED_CONFIGS = (0, 4, 6, 2)
+                6: "coop128x256_c1x1", 7: "coop256x192_c1x1"}
+FUSED_CONFIGS = (0, 4, 6, 2, 7)
 RASTERS = {1: "M", 2: "N"}
 
 

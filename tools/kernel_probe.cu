@@ -17,6 +17,11 @@
 //   -DPROBE_SET=3 (the two partial gains together; R1): stream-K (CUTLASS's StreamKScheduler,
 //     Heuristic decomposition: stream-K only for a partial last wave; P3) and 128x64 subtiles
 //     (Q1), each alone and both, on the baseline; and both without the cluster
+//   -DPROBE_SET=4 (tile widths cuBLAS's nvjet is near; S2): n must be a multiple of 64 for our
+//     N-major B, so 128x160 is out; instead
+//     coop128x192 c2x1 / c1x1   4800 tiles at 4096 x 28672 (36.4 waves) against 3584 (27.2)
+//     coop128x320 c1x1          64x64 atoms, five per warpgroup and k-step (A re-read)
+//     coop256x192 c1x1          192 accumulators per thread: fewer operand bytes per MAC
 //
 // Sustained timing, as our tuner does: per turn ~100 ms untimed then >= 30 ms timed; the
 // variants take turns, 5 rounds, median; normal bf16 operands (tools/probe_common.cuh).  Also
@@ -93,8 +98,15 @@ using V2 = G<T128x256, C2, AutoTile, Cooperative, Coop, SK>;
 using V3 = G<T128x256, C2, E64, Cooperative, Coop, SK>;
 using V4 = G<T128x256, C1, E64, Cooperative, Coop, SK>;
 const char* kNames[] = {"dp auto", "dp e128x64", "sk auto", "sk e128x64", "sk e128x64 c1x1"};
+#elif PROBE_SET == 4
+using V1 = G<Shape<_128, _192, _64>, C2, AutoTile, Cooperative, Coop>;
+using V2 = G<Shape<_128, _192, _64>, C1, AutoTile, Cooperative, Coop>;
+using V3 = G<Shape<_128, Int<320>, _64>, C1, AutoTile, Cooperative, Coop>;
+using V4 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop>;
+const char* kNames[] = {"coop128x256 c2x1", "coop128x192 c2x1", "coop128x192 c1x1",
+                        "coop128x320 c1x1", "coop256x192 c1x1"};
 #else
-#error "-DPROBE_SET=1 (epilogue variants), 2 (Pingpong tiles) or 3 (stream-K x subtiles)"
+#error "-DPROBE_SET=1 (epilogue), 2 (Pingpong tiles), 3 (stream-K x subtiles) or 4 (tile widths)"
 #endif
 constexpr int kVariants = 5;
 

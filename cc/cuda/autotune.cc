@@ -339,7 +339,7 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // so it must stay well inside the flag-wait timeout (30 s by default): every config once
   // (CUTLASS's raster heuristic, no swizzle), then both rasterizations (the heuristic picks
   // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
-  // two fastest configs only: 7 + 2 x 8 variants, 3 launches each in burst mode; coarse
+  // two fastest configs only: 8 + 2 x 8 variants, 3 launches each in burst mode; coarse
   // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
   // stage: ~4 s in all); sustained mode adds the turn heat (>= 1 launch) to each turn (seed
   // shape, estimated from launch counts: ~11 s for a stage, ~14 s for the fused two-stage grid).

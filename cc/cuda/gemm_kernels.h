@@ -27,8 +27,9 @@ enum class GemmConfig : int32_t {
   kCoop256x128_C2x1 = 4,  // Cooperative, 256x128 tile, B multicast (cuBLAS's 256x128 2x1)
   kCoop128x256_C1x2 = 5,  // Cooperative, 128x256 tile, A multicast
   kCoop128x256_C1x1 = 6,  // Cooperative, 128x256 tile, no cluster
+  kCoop256x192_C1x1 = 7,  // Cooperative, 256x192 tile (192 accumulators per thread), no cluster
 };
-inline constexpr int kNumGemmConfigs = 7;
+inline constexpr int kNumGemmConfigs = 8;
 const char* GemmConfigName(GemmConfig c);
 
 struct GemmOperands {

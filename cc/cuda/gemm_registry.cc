@@ -12,6 +12,7 @@ void AddGemms_bf16_bf16_pingpong128x128_c2x1(std::vector<GemmEntry>* out);
 void AddGemms_bf16_bf16_coop256x128_c2x1(std::vector<GemmEntry>* out);
 void AddGemms_bf16_bf16_coop128x256_c1x2(std::vector<GemmEntry>* out);
 void AddGemms_bf16_bf16_coop128x256_c1x1(std::vector<GemmEntry>* out);
+void AddGemms_bf16_bf16_coop256x192_c1x1(std::vector<GemmEntry>* out);
 void AddGemms_bf16_f32_coop128x256(std::vector<GemmEntry>* out);
 void AddGemms_f16_f16_coop128x256(std::vector<GemmEntry>* out);
 void AddGemms_f16_f32_coop128x256(std::vector<GemmEntry>* out);
@@ -19,6 +20,7 @@ void AddFusedGemms_bf16_bf16_coop128x256(std::vector<GemmEntry>* out);
 void AddFusedGemms_bf16_bf16_coop128x256_c1x1(std::vector<GemmEntry>* out);
 void AddFusedGemms_bf16_bf16_coop256x128_c2x1(std::vector<GemmEntry>* out);
 void AddFusedGemms_bf16_bf16_pingpong128x128_c1x2(std::vector<GemmEntry>* out);
+void AddFusedGemms_bf16_bf16_coop256x192_c1x1(std::vector<GemmEntry>* out);
 
 namespace {
 
@@ -32,6 +34,7 @@ const std::vector<GemmEntry>& Registry() {
     AddGemms_bf16_bf16_coop256x128_c2x1(e);
     AddGemms_bf16_bf16_coop128x256_c1x2(e);
     AddGemms_bf16_bf16_coop128x256_c1x1(e);
+    AddGemms_bf16_bf16_coop256x192_c1x1(e);
     AddGemms_bf16_f32_coop128x256(e);
     AddGemms_f16_f16_coop128x256(e);
     AddGemms_f16_f32_coop128x256(e);
@@ -39,6 +42,7 @@ const std::vector<GemmEntry>& Registry() {
     AddFusedGemms_bf16_bf16_coop128x256_c1x1(e);
     AddFusedGemms_bf16_bf16_coop256x128_c2x1(e);
     AddFusedGemms_bf16_bf16_pingpong128x128_c1x2(e);
+    AddFusedGemms_bf16_bf16_coop256x192_c1x1(e);
     return e;
   }();
   return *entries;
@@ -55,6 +59,7 @@ const char* GemmConfigName(GemmConfig c) {
     case GemmConfig::kCoop256x128_C2x1: return "Cooperative 256x128x64 cluster 2x1";
     case GemmConfig::kCoop128x256_C1x2: return "Cooperative 128x256x64 cluster 1x2";
     case GemmConfig::kCoop128x256_C1x1: return "Cooperative 128x256x64 cluster 1x1";
+    case GemmConfig::kCoop256x192_C1x1: return "Cooperative 256x192x64 cluster 1x1";
   }
   return "?";
 }
