@@ -41,34 +41,31 @@ using namespace cute;
 template <GemmConfig kConfig>
 struct ConfigTraits;
 
-template <>
-struct ConfigTraits<GemmConfig::kCoop128x256_C2x1> {
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
+// A CTA tile of kM x kN (x 64 along k) on a kCm x kCn cluster, with either mainloop schedule.
+template <int kM, int kN, int kCm, int kCn>
+struct Tiling {
+  using TileShape = Shape<Int<kM>, Int<kN>, _64>;
+  using ClusterShape = Shape<Int<kCm>, Int<kCn>, _1>;
+};
+template <int kM, int kN, int kCm, int kCn>
+struct Cooperative : Tiling<kM, kN, kCm, kCn> {
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 };
-template <>
-struct ConfigTraits<GemmConfig::kCoop256x128_C1x2> {
-  using TileShape = Shape<_256, _128, _64>;
-  using ClusterShape = Shape<_1, _2, _1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
-template <>
-struct ConfigTraits<GemmConfig::kPingpong128x128_C1x2> {
-  using TileShape = Shape<_128, _128, _64>;
-  using ClusterShape = Shape<_1, _2, _1>;
+template <int kM, int kN, int kCm, int kCn>
+struct Pingpong : Tiling<kM, kN, kCm, kCn> {
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 };
+
 template <>
-struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> {
-  using TileShape = Shape<_128, _128, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
-};
+struct ConfigTraits<GemmConfig::kCoop128x256_C2x1> : Cooperative<128, 256, 2, 1> {};
+template <>
+struct ConfigTraits<GemmConfig::kCoop256x128_C1x2> : Cooperative<256, 128, 1, 2> {};
+template <>
+struct ConfigTraits<GemmConfig::kPingpong128x128_C1x2> : Pingpong<128, 128, 1, 2> {};
+template <>
+struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> : Pingpong<128, 128, 2, 1> {};
 
 // The three below were added to close the gap to cuBLAS (XLA's dot) on the per-stage shapes.
 // cuBLAS's usual large-bf16 kernel on Hopper is a 256x128x64 cooperative tile with a 2-CTA
@@ -90,26 +87,11 @@ struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> {
 // (performance.md Q1, Q4, tools/kernel_probe.cu); stream-K with 128x64 subtiles together: no
 // faster at the 27.15-wave stage either (R1).
 template <>
-struct ConfigTraits<GemmConfig::kCoop256x128_C2x1> {
-  using TileShape = Shape<_256, _128, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
+struct ConfigTraits<GemmConfig::kCoop256x128_C2x1> : Cooperative<256, 128, 2, 1> {};
 template <>
-struct ConfigTraits<GemmConfig::kCoop128x256_C1x2> {
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_1, _2, _1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
+struct ConfigTraits<GemmConfig::kCoop128x256_C1x2> : Cooperative<128, 256, 1, 2> {};
 template <>
-struct ConfigTraits<GemmConfig::kCoop128x256_C1x1> {
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_1, _1, _1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
+struct ConfigTraits<GemmConfig::kCoop128x256_C1x1> : Cooperative<128, 256, 1, 1> {};
 
 // 256x192, no cluster: per CTA 256 x 192 outputs, two consumer warpgroups of 128 x 192 (192
 // fp32 accumulators per thread, 3 mainloop stages): fewer operand bytes per MAC than 128x256
@@ -121,12 +103,7 @@ struct ConfigTraits<GemmConfig::kCoop128x256_C1x1> {
 // NOTE: ptxas spills with this tile: 62/88 bytes (stores/loads) in the stage kernel with C,
 // 16-36/16-56 in the fused ones; the without-C stage kernel, the one S2 measured, spills none.
 template <>
-struct ConfigTraits<GemmConfig::kCoop256x192_C1x1> {
-  using TileShape = Shape<_256, _192, _64>;
-  using ClusterShape = Shape<_1, _1, _1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
+struct ConfigTraits<GemmConfig::kCoop256x192_C1x1> : Cooperative<256, 192, 1, 1> {};
 
 template <GemmConfig kConfig, class ElementAB, class ElementD, bool kHasC>
 struct Sm90Gemm {
