@@ -121,7 +121,8 @@ constexpr int kRounds = 3;
 
 // -- Call trials: long AllGather grids ----------------------------------------------------------
 // A fused AllGather grid whose first trial launch takes >= kCallTrialMinMs: once tuned, if the
-// tuner's choice has a cluster and a cluster-less Cooperative 128x256 variant was timed too,
+// tuner's choice is another config than the cluster-less Cooperative 128x256 (the challenger;
+// since config 7, also the cluster-less 256x192 tile) and the challenger was timed too,
 // the next calls alternate between the two in turns (~kCallTrialHeatMs of calls untimed, then
 // ~kCallTrialTimedMs timed), kCallTrialRounds rounds each; the lower best-round median wins
 // and is cached.  Why: at the seed AllGather (41-45 ms grids) the cluster-less tile sustained
