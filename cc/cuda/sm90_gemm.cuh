@@ -96,9 +96,10 @@ struct ConfigTraits<GemmConfig::kCoop128x256_C1x1> : Cooperative<128, 256, 1, 1>
 // 256x192, no cluster: per CTA 256 x 192 outputs, two consumer warpgroups of 128 x 192 (192
 // fp32 accumulators per thread, 3 mainloop stages): fewer operand bytes per MAC than 128x256
 // (1/256 + 1/192 against 1/128 + 1/256), which at the power cap buys clock.  On one H200 it ran
-// 1.02-1.05x the shipped 128x256 2x1 kernel at the large stages, and 1.016-1.026x at 4096 x 4096
-// x 28672, the stage no other variant had brought to XLA's dot; 0.81-0.84x at short stages
-// (docs/performance.md S2, tools/kernel_probe.cu -DPROBE_SET=4).  N = 192 is a multiple of the
+// 1.017-1.050x the shipped 128x256 2x1 kernel at the two seed stages and 1.016-1.026x at 4096 x
+// 4096 x 28672, the stage no other variant had brought to XLA's dot; 0.98-1.00x at 4096 x 8192 x
+// 14336; at the short stages 0.80-0.84x at four, 0.95-1.00x at two (docs/performance.md S2,
+// tools/kernel_probe.cu -DPROBE_SET=4).  N = 192 is a multiple of the
 // 64-element swizzle atom, as our N-major B needs (cuBLAS's 128x160 is not).
 // NOTE: ptxas spills with this tile: 62/88 bytes (stores/loads) in the stage kernel with C,
 // 16-36/16-56 in the fused ones; the without-C stage kernel, the one S2 measured, spills none.
