@@ -3,8 +3,8 @@
 # (the verdict must repeat), the multi-process check (one process per GPU), then the benchmark
 # suite.  Logs and JSON land in $OUT (or ./gpu_out).
 #
-#   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only | --virtual-tp-only] [bench args...]
-#                                                          (default bench: --suite --local-gemm)
+#   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only | --virtual-tp-only | --ncu-only]
+#                      [bench args...]                     (default bench: --suite --local-gemm)
 #
 # --virtual-tp-only (also part of the default, after the GPU tests): every schedule and data path
 # at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it
@@ -12,6 +12,12 @@
 # CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
 # as NOT RUN, with --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per
 # run (default 60 s).
+#
+# --ncu-only: hardware counters (Nsight Compute), ours against XLA's dot on one GPU
+# (tools/ncu_stage.py): the stage GEMMs of NCU_CASES (default: the suite's stages below 0.97 of
+# XLA's dot in performance.md S2, and one above) and one device's whole share of NCU_SHARE_CASES
+# (the benchmark's ideal problem; "" for none); ncu's CSV and a summary in $OUT/ncu_{stage,share}.
+# Runs on the one-GPU kind.  NCU_TIMEOUT per ncu run (default 420 s).
 #
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
 # GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
@@ -30,7 +36,7 @@ OUT=${OUT:-$ROOT/gpu_out}
 mkdir -p "$OUT"
 MODE=all
 case "${1:-}" in
-  --tests-only|--mp-only|--bench-only|--virtual-tp-only) MODE=$1; shift ;;
+  --tests-only|--mp-only|--bench-only|--virtual-tp-only|--ncu-only) MODE=$1; shift ;;
   all|--all) shift ;;
 esac
 
@@ -177,6 +183,39 @@ PYEOF
     [[ $rc1 -ne 0 || $rc2 -ne 0 ]] && status=1
   fi
   set -e
+fi
+
+# -- Stage GEMM counters (ncu), one GPU ------------------------------------------------------------
+# ncu_run NAME PROBLEM CASES...: tools/ncu_stage.py under ncu; $OUT/ncu_NAME.csv and .tsv (summary).
+ncu_run() {
+  local name=$1 problem=$2 rc; shift 2
+  set +e
+  # --clock-control none: leave the clocks alone (device README); replayed passes run on an
+  # idle GPU, so compare cycles and bytes, not times, with the benchmark.
+  timeout "${NCU_TIMEOUT:-420}" "$NCU" --profile-from-start off --clock-control none \
+    --target-processes all --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.max,sm__inst_executed.sum \
+    --csv --page details --print-units base --log-file "$OUT/ncu_$name.csv" \
+    $PY "$ROOT/tools/ncu_stage.py" --problem "$problem" --cases "$@" > "$OUT/ncu_$name.log" 2>&1
+  rc=$?
+  $PY "$ROOT/tools/ncu_stage.py" --summarize "$OUT/ncu_$name.csv" > "$OUT/ncu_$name.tsv" 2>&1 || rc=1
+  set -e
+  log "ncu $name ($problem): exit $rc; $(($(wc -l < "$OUT/ncu_$name.tsv") - 1)) kernels"
+  cat "$OUT/ncu_$name.tsv"
+  return $rc
+}
+if [[ "$MODE" == --ncu-only ]]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
+  if [[ -z "$NCU" ]]; then
+    log "ncu: NOT FOUND"; status=1
+  else
+    read -r -a cases <<< "${NCU_CASES:-RS-TilA:8192,8192,28672 AG-RotA:8192,8192,28672 AG-RotA:4096,8192,8192 AG-RotA:2048,8192,8192 RS-TilA:4096,8192,8192}"
+    ncu_run stage stage "${cases[@]}" || status=1
+    read -r -a cases <<< "${NCU_SHARE_CASES:-AG-RotA:8192,4096,4096 AG-RotA:2048,8192,8192}"
+    [[ ${#cases[@]} -gt 0 ]] && { ncu_run share share "${cases[@]}" || status=1; }
+  fi
 fi
 
 # -- Benchmark -----------------------------------------------------------------------------------
