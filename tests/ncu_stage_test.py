@@ -71,6 +71,55 @@ class KernelRowsTest(absltest.TestCase):
     self.assertLen(lines, 2)
 
 
+class LabelTest(absltest.TestCase):
+
+  def _files(self, kernels, log):
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    csv_path, log_path = os.path.join(tmp.name, "n.csv"), os.path.join(tmp.name, "n.log")
+    with open(csv_path, "w") as f:
+      f.write(_HEADER + "".join(
+          _row(i, k, "GPU Speed Of Light Throughput", "Duration", "ns", str(1000 * (i + 1)))
+          for i, k in enumerate(kernels)))
+    with open(log_path, "w") as f:
+      f.write(log)
+    return csv_path, log_path
+
+  _LOG = ("[ncu_stage] RS-TilA 8192,8192,28672: stage m=4096 k=4096 n=28672; profiled in order, "
+          "1 launch(es) each: xla, ours (tuner), ours 7:1:1\n==PROF== noise\n"
+          "[ncu_stage] AG-RotA 64,64,64: share m=64 k=64 n=32; profiled in order, "
+          "2 launch(es) each: xla, ours (tuner)\n")
+
+  def test_launches_in_order(self):
+    _, log = self._files([], self._LOG)
+    labels = ncu_stage.launch_labels(log)
+    rs, ag = "RS-TilA 8192,8192,28672", "AG-RotA 64,64,64"
+    self.assertEqual([(x["case"], x["row"]) for x in labels],
+                     [(rs, "xla"), (rs, "ours (tuner)"), (rs, "ours 7:1:1"), (ag, "xla"),
+                      (ag, "xla"), (ag, "ours (tuner)"), (ag, "ours (tuner)")])
+    self.assertEqual(labels[0]["mkn"], [4096, 4096, 28672])
+    self.assertEqual(labels[3]["problem"], "share")
+
+  def test_compact_records_are_labelled_when_counts_agree(self):
+    kernels = ["nvjet_a", "jax_distgemm::StageKernel<x>", "jax_distgemm::StageKernel<y>",
+               "triton_b", "triton_b", "jax_distgemm::StageKernel<z>",
+               "jax_distgemm::StageKernel<z>"]
+    csv_path, log = self._files(kernels, self._LOG)
+    records = ncu_stage.with_labels(ncu_stage.compact(csv_path), log)
+    self.assertEqual([r["row"] for r in records[:3]], ["xla", "ours (tuner)", "ours 7:1:1"])
+    self.assertEqual(records[1]["kernel"], "ours:stage")
+    self.assertEqual(records[2]["metrics"],
+                     {"GPU Speed Of Light Throughput / Duration": "3000 ns"})
+
+  def test_a_count_mismatch_leaves_rows_unlabelled(self):
+    csv_path, log = self._files(["nvjet_a", "nvjet_b"], self._LOG)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+      rows = ncu_stage.with_labels(ncu_stage.kernel_rows(csv_path), log)
+    self.assertNotIn("row", rows[0])
+    self.assertIn("2 kernels but 7 launches", err.getvalue())
+
+
 class ArgumentTest(absltest.TestCase):
 
   def _usage_error(self, argv):

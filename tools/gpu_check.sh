@@ -16,7 +16,10 @@
 # --ncu-only: hardware counters (Nsight Compute), ours against XLA's dot on one GPU
 # (tools/ncu_stage.py): the stage GEMMs of NCU_CASES (default: the suite's stages below 0.97 of
 # XLA's dot in performance.md S2, and one above) and one device's whole share of NCU_SHARE_CASES
-# (the benchmark's ideal problem; "" for none); ncu's CSV and a summary in $OUT/ncu_{stage,share}.
+# (the benchmark's ideal problem; "" for none); NCU_OURS_CONFIGS (JAX_DISTGEMM_GEMM_CONFIG
+# values) adds our kernel forced to each at the stages; XLA's pool is not preallocated, so ncu
+# saves and restores less memory per replayed pass.  $OUT/ncu_{stage,share}.{csv,log,tsv,json}:
+# ncu's CSV, the program's output, the summary and every metric per kernel, labelled.
 # Runs on the one-GPU kind.  NCU_TIMEOUT per ncu run (default 420 s).
 #
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
@@ -186,21 +189,26 @@ PYEOF
 fi
 
 # -- Stage GEMM counters (ncu), one GPU ------------------------------------------------------------
-# ncu_run NAME PROBLEM CASES...: tools/ncu_stage.py under ncu; $OUT/ncu_NAME.csv and .tsv (summary).
+# ncu_run NAME PROBLEM "OURS_CONFIGS" CASES...: tools/ncu_stage.py under ncu; $OUT/ncu_NAME.csv
+# and .tsv (summary).
 ncu_run() {
-  local name=$1 problem=$2 rc; shift 2
+  local name=$1 problem=$2 rc configs; read -r -a configs <<< "$3"; shift 3
   set +e
   # --clock-control none: leave the clocks alone (device README); replayed passes run on an
   # idle GPU, so compare cycles and bytes, not times, with the benchmark.
-  timeout "${NCU_TIMEOUT:-420}" "$NCU" --profile-from-start off --clock-control none \
-    --target-processes all --section SpeedOfLight --section LaunchStats --section Occupancy \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 10 "${NCU_TIMEOUT:-420}" "$NCU" \
+    --profile-from-start off --clock-control none --target-processes all \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --section SchedulerStats \
     --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.max,sm__inst_executed.sum \
     --csv --page details --print-units base --log-file "$OUT/ncu_$name.csv" \
-    $PY "$ROOT/tools/ncu_stage.py" --problem "$problem" --cases "$@" > "$OUT/ncu_$name.log" 2>&1
+    $PY "$ROOT/tools/ncu_stage.py" --problem "$problem" --cases "$@" \
+    --ours-configs ${configs[@]+"${configs[@]}"} > "$OUT/ncu_$name.log" 2>&1
   rc=$?
-  $PY "$ROOT/tools/ncu_stage.py" --summarize "$OUT/ncu_$name.csv" > "$OUT/ncu_$name.tsv" 2>&1 || rc=1
+  # NOTE: a timed-out ncu can leave its target holding the GPU; the next run then finds none.
+  pkill -9 -f "ncu_stage.py --problem" && sleep 2
+  $PY "$ROOT/tools/ncu_stage.py" --summarize "$OUT/ncu_$name.csv" --log "$OUT/ncu_$name.log" \
+    --json "$OUT/ncu_$name.json" > "$OUT/ncu_$name.tsv" || rc=1
   set -e
   log "ncu $name ($problem): exit $rc; $(($(wc -l < "$OUT/ncu_$name.tsv") - 1)) kernels"
   cat "$OUT/ncu_$name.tsv"
@@ -212,9 +220,9 @@ if [[ "$MODE" == --ncu-only ]]; then
     log "ncu: NOT FOUND"; status=1
   else
     read -r -a cases <<< "${NCU_CASES:-RS-TilA:8192,8192,28672 AG-RotA:8192,8192,28672 AG-RotA:4096,8192,8192 AG-RotA:2048,8192,8192 RS-TilA:4096,8192,8192}"
-    ncu_run stage stage "${cases[@]}" || status=1
+    ncu_run stage stage "${NCU_OURS_CONFIGS:-}" "${cases[@]}" || status=1
     read -r -a cases <<< "${NCU_SHARE_CASES:-AG-RotA:8192,4096,4096 AG-RotA:2048,8192,8192}"
-    [[ ${#cases[@]} -gt 0 ]] && { ncu_run share share "${cases[@]}" || status=1; }
+    [[ ${#cases[@]} -gt 0 ]] && { ncu_run share share "" "${cases[@]}" || status=1; }
   fi
 fi
 
