@@ -100,13 +100,15 @@ const char* TuneModeName(int mode) {
 constexpr float kHeatMs = 100.f;
 // The turn heat: kTurnHeatLaunches launches of the shape, within [kMinTurnHeatMs,
 // kMaxTurnHeatMs].  100 ms is what let the limiter settle (docs/performance.md, I4 and J1); the
-// tuning time grows with it (~25 variants x kRounds turns: ~8 s per shape at 100 ms).  The floor
-// was 5 ms, on the reading that small shapes' calls are latency more than watts; but at the
+// tuning time grows with it (~25 variants x kRounds turns: ~8 s per shape at 100 ms).  It was 64
+// launches, on the reading that small shapes' calls are latency more than watts; but at the
 // suite's 0.1-0.2 ms stages turns of 6-13 ms chose Pingpong 128x128 or Cooperative 256x128,
-// which sustained 0.89-0.985 of XLA's dot, and 50 ms turns chose Cooperative 128x256, 0.971-1.018
-// (one H200; docs/performance.md T3-T5).  Small shapes now tune ~4 s, not ~1 s.
-constexpr int kTurnHeatLaunches = 64;
-constexpr float kMinTurnHeatMs = 50.f;
+// which sustained 0.89-0.985 of XLA's dot, and 50-100 ms turns chose Cooperative 128x256,
+// 0.971-1.018 (one H200; docs/performance.md T3-T5).  500 launches give those stages 50 ms
+// (0.1 ms launches) and 100 ms (0.2 ms), at ~4 and ~8 s of tuning instead of ~1 s, while tiny
+// shapes (launches of <= 10 us, as in the GPU tests) keep the 5 ms floor, as before.
+constexpr int kTurnHeatLaunches = 500;
+constexpr float kMinTurnHeatMs = 5.f;
 constexpr float kMaxTurnHeatMs = 100.f;
 // JAX_DISTGEMM_TUNE_HEAT_MS: a fixed turn heat in ms (0-1000) instead; -1 when unset.
 int TurnHeatOverride(TuneMode mode) {
