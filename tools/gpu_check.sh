@@ -190,7 +190,7 @@ fi
 
 # -- Stage GEMM counters (ncu), one GPU ------------------------------------------------------------
 # ncu_run NAME PROBLEM "OURS_CONFIGS" CASES...: tools/ncu_stage.py under ncu; $OUT/ncu_NAME.csv
-# and .tsv (summary).
+# (ncu's), .log (the program's), .tsv (the summary) and .json (every metric per kernel).
 ncu_run() {
   local name=$1 problem=$2 rc configs; read -r -a configs <<< "$3"; shift 3
   set +e
@@ -221,8 +221,11 @@ if [[ "$MODE" == --ncu-only ]]; then
   else
     read -r -a cases <<< "${NCU_CASES:-RS-TilA:8192,8192,28672 AG-RotA:8192,8192,28672 AG-RotA:4096,8192,8192 AG-RotA:2048,8192,8192 RS-TilA:4096,8192,8192}"
     ncu_run stage stage "${NCU_OURS_CONFIGS:-}" "${cases[@]}" || status=1
-    read -r -a cases <<< "${NCU_SHARE_CASES:-AG-RotA:8192,4096,4096 AG-RotA:2048,8192,8192}"
-    [[ ${#cases[@]} -gt 0 ]] && { ncu_run share share "" "${cases[@]}" || status=1; }
+    # (set but empty: no share run)
+    read -r -a cases <<< "${NCU_SHARE_CASES-AG-RotA:8192,4096,4096 AG-RotA:2048,8192,8192}"
+    if [[ ${#cases[@]} -gt 0 ]]; then
+      ncu_run share share "" "${cases[@]}" || status=1
+    fi
   fi
 fi
 
