@@ -99,17 +99,20 @@ const char* TuneModeName(int mode) {
 }
 constexpr float kHeatMs = 100.f;
 // The turn heat: kTurnHeatLaunches launches of the shape, within [kMinTurnHeatMs,
-// kMaxTurnHeatMs].  100 ms is what let the limiter settle (docs/performance.md, I4 and J1); the
-// tuning time grows with it (~25 variants x kRounds turns: ~8 s per shape at 100 ms).  It was 64
-// launches, on the reading that small shapes' calls are latency more than watts; but at the
-// suite's 0.1-0.2 ms stages turns of 6-13 ms chose Pingpong 128x128 or Cooperative 256x128,
-// which sustained 0.89-0.985 of XLA's dot, and 50-100 ms turns chose Cooperative 128x256,
-// 0.971-1.018 (one H200; docs/performance.md T3-T5).  500 launches give those stages 50 ms
-// (0.1 ms launches) and 100 ms (0.2 ms), at ~4 and ~8 s of tuning instead of ~1 s, while tiny
-// shapes (launches of <= 10 us, as in the GPU tests) keep the 5 ms floor, as before.
-constexpr int kTurnHeatLaunches = 500;
+// kMaxTurnHeatMs], and at least kShortTurnLaunches launches up to kShortTurnMs.  100 ms is what
+// let the limiter settle (docs/performance.md, I4 and J1); the tuning time grows with it (~25
+// variants x kRounds turns: ~8 s per shape at 100 ms, ~4 s at 50 ms).  64 launches alone gave
+// the suite's 0.1-0.2 ms stages turns of 6-13 ms, which chose Pingpong 128x128 or Cooperative
+// 256x128 tiles that sustained 0.89-0.985 of XLA's dot; 50 ms turns chose Cooperative 128x256,
+// 0.971-1.018 (one H200; docs/performance.md T3-T5).  So launches of 0.1-0.78 ms get 50 ms
+// turns (T5's build), longer ones 64 launches as before, 10-100 us ones 500 launches (5-50 ms,
+// not measured), and tiny ones (<= 10 us, as in the GPU tests, whose calls are latency more
+// than watts) keep the 5 ms floor and their short tuning.
+constexpr int kTurnHeatLaunches = 64;
 constexpr float kMinTurnHeatMs = 5.f;
 constexpr float kMaxTurnHeatMs = 100.f;
+constexpr int kShortTurnLaunches = 500;
+constexpr float kShortTurnMs = 50.f;
 // JAX_DISTGEMM_TUNE_HEAT_MS: a fixed turn heat in ms (0-1000) instead; -1 when unset.
 int TurnHeatOverride(TuneMode mode) {
   if (mode != kSustained) return 0;
@@ -119,7 +122,8 @@ int TurnHeatOverride(TuneMode mode) {
 }
 float TurnHeatMs(int override_ms, float one_launch_ms) {
   if (override_ms >= 0) return static_cast<float>(override_ms);
-  return std::clamp(kTurnHeatLaunches * one_launch_ms, kMinTurnHeatMs, kMaxTurnHeatMs);
+  return std::max(std::clamp(kTurnHeatLaunches * one_launch_ms, kMinTurnHeatMs, kMaxTurnHeatMs),
+                  std::min(kShortTurnLaunches * one_launch_ms, kShortTurnMs));
 }
 constexpr float kTrialMs = 5.f;
 constexpr int kRounds = 3;
