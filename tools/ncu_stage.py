@@ -171,6 +171,17 @@ def summarize(path: str, log_path: str | None = None) -> None:
     print("\t".join(f"{c:.4g}" if isinstance(c, float) else str(c) for c in cells))
 
 
+def _calls(fn, x, w, config: str | None, count: int) -> None:
+  """`count` blocking calls of fn, with JAX_DISTGEMM_GEMM_CONFIG set to `config` (unset for
+  None); the handler reads it per call."""
+  if config is None:
+    os.environ.pop("JAX_DISTGEMM_GEMM_CONFIG", None)
+  else:
+    os.environ["JAX_DISTGEMM_GEMM_CONFIG"] = config
+  for _ in range(count):
+    fn(x, w).block_until_ready()
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--cases", nargs="+", metavar="SCHEDULE:M,K,N",
@@ -226,24 +237,17 @@ def main(argv=None):
                                   case.jdtype, (SingleDeviceSharding(device),) * 3)
     xla = bench_lib.ideal_fn(case).lower(x, w).compile()
     ours = jax.jit(bench_lib.local_stage_fn(case, device)).lower(x, w).compile()
-    for _ in range(args.warmup):
-      xla(x, w).block_until_ready()
-      ours(x, w).block_until_ready()
-    # Every forced variant warms up outside the range too (a forced config skips the tuner).
+    # (label, executable, forced JAX_DISTGEMM_GEMM_CONFIG or None); every row warms up outside
+    # the range, the tuner's row first (a forced config skips the tuner).
     rows = [("xla", xla, None), ("ours (tuner)", ours, None)]
     rows += [(f"ours {c}", ours, c) for c in args.ours_configs]
-    for label, fn, config in rows[2:]:
-      os.environ["JAX_DISTGEMM_GEMM_CONFIG"] = config
-      fn(x, w).block_until_ready()
-    os.environ.pop("JAX_DISTGEMM_GEMM_CONFIG", None)
+    for _, fn, config in rows:
+      _calls(fn, x, w, config, args.warmup if config is None else 1)
     print(f"[ncu_stage] {case.label}: {args.problem} m={sm} k={sk} n={sn}; profiled in order, "
           f"{args.launches} launch(es) each: " + ", ".join(r[0] for r in rows), flush=True)
     with profiler:
-      for label, fn, config in rows:
-        if config is not None:  # the handler reads it per call
-          os.environ["JAX_DISTGEMM_GEMM_CONFIG"] = config
-        for _ in range(args.launches):
-          fn(x, w).block_until_ready()
+      for _, fn, config in rows:
+        _calls(fn, x, w, config, args.launches)
     os.environ.pop("JAX_DISTGEMM_GEMM_CONFIG", None)
   print(runtime.describe_tuning())
 
