@@ -136,6 +136,9 @@ class ArgumentTest(absltest.TestCase):
     self.assertIn("--launches", self._usage_error(["--cases", "AG-RotA:64,64,64",
                                                    "--launches", "0"]))
 
+  def test_warmup_must_be_positive(self):
+    self.assertIn("--warmup", self._usage_error(["--cases", "AG-RotA:64,64,64", "--warmup", "0"]))
+
   def test_bad_case_names_the_flag(self):
     self.assertIn("--cases", self._usage_error(["--cases", "AG-RotA:64,64"]))
 

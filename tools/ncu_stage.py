@@ -213,6 +213,8 @@ def main(argv=None):
     ap.error("--cases or --summarize is required")
   if args.launches < 1:
     ap.error("--launches: must be >= 1")
+  if args.warmup < 1:
+    ap.error("--warmup: must be >= 1 (the tuner must settle before the profiled range)")
 
   import jax  # pylint: disable=import-outside-toplevel
   from jax.sharding import SingleDeviceSharding  # pylint: disable=import-outside-toplevel
