@@ -22,6 +22,16 @@
 //     coop128x192 c2x1 / c1x1   4800 tiles at 4096 x 28672 (36.4 waves) against 3584 (27.2)
 //     coop128x320 c1x1          64x64 atoms, five per warpgroup and k-step (A re-read)
 //     coop256x192 c1x1          192 accumulators per thread: fewer operand bytes per MAC
+//   -DPROBE_SET=5 (160-wide tiles; 2026-12-01, session 19): with
+//     CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED the builder picks 64x160 wgmma atoms and, for our
+//     N-major B, 32-element (64-byte) swizzle atoms, which 160 is a multiple of
+//     coop256x192 c1x1          config 7, the tuner's pick at 4096 x 4096 x 28672 (18.2 waves)
+//     coop256x160 c1x1          2880 tiles there, 21.8 waves; 160 accumulators per thread
+//     coop256x160 c2x1          the same, B multicast to the CTA pair
+//     coop128x160 c2x1          cuBLAS's tile area (43.6 waves)
+//   -DPROBE_SET=6 (the wide tiles' partial last wave; session 19): stream-K (Heuristic) on
+//     coop256x192 c1x1 (18.2 waves at 4096 x 4096 x 28672), data-parallel and stream-K, and on
+//     coop256x160 c2x1 (21.8 waves) and the baseline (27.2 waves); needs the extended shapes
 //
 // Sustained timing, as our tuner does: per turn ~100 ms untimed then >= 30 ms timed; the
 // variants take turns, 5 rounds, median; normal bf16 operands (tools/probe_common.cuh).  Also
@@ -105,8 +115,29 @@ using V3 = G<Shape<_128, Int<320>, _64>, C1, AutoTile, Cooperative, Coop>;
 using V4 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop>;
 const char* kNames[] = {"coop128x256 c2x1", "coop128x192 c2x1", "coop128x192 c1x1",
                         "coop128x320 c1x1", "coop256x192 c1x1"};
+#elif PROBE_SET == 5
+#if !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+#error "-DPROBE_SET=5 needs -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (64x160 wgmma atoms)"
+#endif
+using V1 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop>;
+using V2 = G<Shape<_256, Int<160>, _64>, C1, AutoTile, Cooperative, Coop>;
+using V3 = G<Shape<_256, Int<160>, _64>, C2, AutoTile, Cooperative, Coop>;
+using V4 = G<Shape<_128, Int<160>, _64>, C2, AutoTile, Cooperative, Coop>;
+const char* kNames[] = {"coop128x256 c2x1", "coop256x192 c1x1", "coop256x160 c1x1",
+                        "coop256x160 c2x1", "coop128x160 c2x1"};
+#elif PROBE_SET == 6
+#if !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+#error "-DPROBE_SET=6 needs -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (64x160 wgmma atoms)"
+#endif
+using SK = cutlass::gemm::StreamKScheduler;
+using V1 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop>;
+using V2 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop, SK>;
+using V3 = G<Shape<_256, Int<160>, _64>, C2, AutoTile, Cooperative, Coop, SK>;
+using V4 = G<T128x256, C2, AutoTile, Cooperative, Coop, SK>;
+const char* kNames[] = {"coop128x256 c2x1", "coop256x192 c1x1", "coop256x192 c1x1 sk",
+                        "coop256x160 c2x1 sk", "coop128x256 c2x1 sk"};
 #else
-#error "-DPROBE_SET=1 (epilogue), 2 (Pingpong tiles), 3 (stream-K x subtiles) or 4 (tile widths)"
+#error "-DPROBE_SET=1 (epilogue), 2 (Pingpong tiles), 3 (stream-K x subtiles), 4 (tile widths), 5 (160-wide) or 6 (stream-K, wide tiles)"
 #endif
 constexpr int kVariants = 5;
 
