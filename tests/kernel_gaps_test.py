@@ -78,7 +78,8 @@ class ArgsTest(parameterized.TestCase):
   @parameterized.parameters((["--cases", "AG-RotA:8,8"],),
                             (["--cases", "AG-RotA:9,8,8"],),
                             (["--cases", "AG-RotA:8,8,8", "--calls", "1"],),
-                            (["--cases", "AG-RotA:8,8,8", "--heat-ms", "-1"],))
+                            (["--cases", "AG-RotA:8,8,8", "--heat-ms", "-1"],),
+                            (["--cases", "AG-RotA:8,8,8", "--local", "--copy-load"],))
   def test_bad_arguments_are_usage_errors(self, argv):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as cm:

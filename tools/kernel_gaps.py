@@ -17,6 +17,15 @@ warmed up and then profiled over --calls back-to-back calls with fresh inputs:
                      itself costs a GEMM that shares the GPU with it.  Ours moves that shard
                      once per call, so its copy engine is busy for part of a call only.
 
+With --local (one GPU is enough), only the stage GEMM, as the benchmark's local-GEMM row:
+
+  local_xla_dot      XLA's dot of the case's stage shape on GPU 0
+  local_ffi          our op at TP=1 on the same operands (bench_lib.local_stage_fn)
+  local_ffi[ENV=V]   the same with an extra setting (--ours-env JAX_DISTGEMM_GEMM_CONFIG=7:1:1)
+
+which tells a kernel's own duration from what a call adds around it (launch gaps, other
+kernels), for a call whose benchmark time exceeds the tuner's time of its kernel.
+
 For each row and GPU: wall ms per call of the profiled loop, kernel-busy us per call (the union
 of kernel intervals), idle us per call (span minus busy), the median gap between consecutive
 kernels, and the busiest kernels' median durations.  GPU only; needs torch (for CUPTI).
@@ -129,6 +138,50 @@ def _start_copy_load(torch, nbytes: int, duration_ms: float, gbps: float = 395.0
   return bufs
 
 
+def distributed_rows(jax, bl, case, key, devices, mesh, opts, args):
+  """(label, fn, sets, env) of the two-GPU rows, and the call's own input sets."""
+  from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: PLC0415
+  shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
+  xg, wg, _ = case.global_shapes()
+  sets = bl.rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
+  xi, wi, _ = case.ideal_shapes()
+  rows = []
+  for d in (0, 1):
+    single = SingleDeviceSharding(devices[d])
+    isets = bl.make_sets(jax.random.fold_in(key, 1 + d), len(sets), xi, wi, None, case.jdtype,
+                         (single, single, single))
+    rows.append((f"ideal@{d}", bl.ideal_fn(case), isets, {}))
+  asets = bl.stacked_ideal_sets(jax.random.fold_in(key, 3), len(sets), case, mesh)
+  ideal_all = bl.ideal_all_devices_fn(case, mesh)  # one jit for both rows
+  rows.append(("ideal_all", ideal_all, asets, {}))
+  if args.copy_load:
+    rows.append(("ideal_all+copy", ideal_all, asets, {}))
+  ours = bl.distributed_fn(case, mesh, "ffi")
+  rows.append(("ffi", ours, sets, {}))
+  for name, value in args.ours_env:
+    rows.append((f"ffi[{name}={value}]", ours, sets, {name: value}))
+  return rows, sets
+
+
+def local_rows(jax, bl, case, key, device, opts, ours_env):
+  """The --local rows: the stage shape on `device`, XLA's dot and ours at TP=1, one set of
+  stage-shaped operands for all (as the benchmark's local-GEMM ratio)."""
+  import dataclasses  # noqa: PLC0415
+  from jax.sharding import SingleDeviceSharding  # noqa: PLC0415
+  single = SingleDeviceSharding(device)
+  sm, sk, sn = case.stage_shape()
+  b = (case.l,) if case.l > 1 else ()
+  sets = bl.rotating_sets(jax.random.fold_in(key, 2), b + (sm, sk), b + (sk, sn), case.jdtype,
+                          (single,) * 3, opts)
+  stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
+  rows = [("local_xla_dot", bl.ideal_fn(stage_case), sets, {})]
+  ours = jax.jit(bl.local_stage_fn(case, device))
+  rows.append(("local_ffi", ours, sets, {}))
+  for name, value in ours_env:
+    rows.append((f"local_ffi[{name}={value}]", ours, sets, {name: value}))
+  return rows, sets
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--cases", nargs="+", required=True, type=_case_arg, metavar="SCHEDULE:M,K,N")
@@ -140,8 +193,12 @@ def main(argv=None):
                   help="untimed calls of the row right before it is profiled")
   ap.add_argument("--copy-load", action="store_true",
                   help="add the ideal_all+copy row (see above)")
+  ap.add_argument("--local", action="store_true",
+                  help="the stage GEMM alone on GPU 0: XLA's dot against our op at TP=1")
   ap.add_argument("--json")
   args = ap.parse_args(argv)
+  if args.local and args.copy_load:
+    ap.error("--copy-load needs two GPUs' rows; --local has one GPU's")
   if args.calls < 2:
     ap.error("--calls must be at least 2")
   if args.heat_ms < 0:
@@ -149,41 +206,26 @@ def main(argv=None):
 
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
-  from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: PLC0415
+  from jax.sharding import Mesh  # noqa: PLC0415
   from jax_distgemm._src import bench_lib as bl  # noqa: PLC0415
   from jax_distgemm._src import runtime  # noqa: PLC0415
   try:
     import torch  # noqa: PLC0415
   except ImportError:
     sys.exit("tools/kernel_gaps.py needs torch (for CUPTI through torch.profiler)")
-  devices, platform, _ = bl.select_devices(2)
+  devices, platform, _ = bl.select_devices(1 if args.local else 2)
   if platform != "gpu" or not torch.cuda.is_available():
-    sys.exit("tools/kernel_gaps.py needs two GPUs")
+    sys.exit("tools/kernel_gaps.py needs " + ("a GPU" if args.local else "two GPUs"))
   mesh = Mesh(np.array(devices), ("tp",))
   opts = bl.Options()
   results = []
   for index, text in enumerate(args.cases):
     case = bl.parse_case(text)
     key = jax.random.fold_in(jax.random.key(0), index)
-    shardings = tuple(NamedSharding(mesh, s) for s in case.specs())
-    xg, wg, _ = case.global_shapes()
-    sets = bl.rotating_sets(jax.random.fold_in(key, 0), xg, wg, case.jdtype, shardings, opts)
-    xi, wi, _ = case.ideal_shapes()
-    rows = []
-    for d in (0, 1):
-      single = SingleDeviceSharding(devices[d])
-      isets = bl.make_sets(jax.random.fold_in(key, 1 + d), len(sets), xi, wi, None, case.jdtype,
-                           (single, single, single))
-      rows.append((f"ideal@{d}", bl.ideal_fn(case), isets, {}))
-    asets = bl.stacked_ideal_sets(jax.random.fold_in(key, 3), len(sets), case, mesh)
-    ideal_all = bl.ideal_all_devices_fn(case, mesh)  # one jit for both rows
-    rows.append(("ideal_all", ideal_all, asets, {}))
-    if args.copy_load:
-      rows.append(("ideal_all+copy", ideal_all, asets, {}))
-    ours = bl.distributed_fn(case, mesh, "ffi")
-    rows.append(("ffi", ours, sets, {}))
-    for name, value in args.ours_env:
-      rows.append((f"ffi[{name}={value}]", ours, sets, {name: value}))
+    if args.local:
+      rows, sets = local_rows(jax, bl, case, key, devices[0], opts, args.ours_env)
+    else:
+      rows, sets = distributed_rows(jax, bl, case, key, devices, mesh, opts, args)
 
     case_rows = {}
     for label, fn, row_sets, env in rows:
@@ -205,8 +247,8 @@ def main(argv=None):
             timed.run(args.calls)
             wall = (time.perf_counter() - t0) * 1e3 / args.calls
             if copies is not None:
-              torch.cuda.synchronize(0)
-              torch.cuda.synchronize(1)
+              for d in range(len(devices)):
+                torch.cuda.synchronize(d)
           prof.export_chrome_trace(path)
           per_dev = kernels_by_device(path)
       finally:
