@@ -99,8 +99,11 @@ struct ConfigTraits<GemmConfig::kCoop128x256_C1x1> : Cooperative<128, 256, 1, 1>
 // 1.017-1.050x the shipped 128x256 2x1 kernel at the two seed stages and 1.016-1.026x at 4096 x
 // 4096 x 28672, the stage no other variant had brought to XLA's dot; 0.98-1.00x at 4096 x 8192 x
 // 14336; at the short stages 0.80-0.84x at four, 0.95-1.00x at two (docs/performance.md S2,
-// tools/kernel_probe.cu -DPROBE_SET=4).  N = 192 is a multiple of the
-// 64-element swizzle atom, as our N-major B needs (cuBLAS's 128x160 is not).
+// tools/kernel_probe.cu -DPROBE_SET=4).  Not added with it (performance.md U2-U3): 160-wide
+// tiles (our N-major B then gets 32-element swizzle atoms, and 64x160 wgmmas need
+// CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): 256x160 c2x1 ties this tile at 4096 x 4096 x 28672 and
+// loses elsewhere, cuBLAS's 128x160 area loses everywhere; stream-K on this tile: no faster at
+// that stage.
 // NOTE: ptxas spills with this tile: 62/88 bytes (stores/loads) in the stage kernel with C,
 // 16-36/16-56 in the fused ones; the without-C stage kernel, the one S2 measured, spills none.
 template <>
