@@ -17,8 +17,8 @@
 //   -DPROBE_SET=3 (the two partial gains together; R1): stream-K (CUTLASS's StreamKScheduler,
 //     Heuristic decomposition: stream-K only for a partial last wave; P3) and 128x64 subtiles
 //     (Q1), each alone and both, on the baseline; and both without the cluster
-//   -DPROBE_SET=4 (tile widths cuBLAS's nvjet is near; S2): n must be a multiple of 64 for our
-//     N-major B, so 128x160 is out; instead
+//   -DPROBE_SET=4 (tile widths cuBLAS's nvjet is near; S2): taken then to need n a multiple of
+//     64 for our N-major B (set 5 shows 160 builds too); so
 //     coop128x192 c2x1 / c1x1   4800 tiles at 4096 x 28672 (36.4 waves) against 3584 (27.2)
 //     coop128x320 c1x1          64x64 atoms, five per warpgroup and k-step (A re-read)
 //     coop256x192 c1x1          192 accumulators per thread: fewer operand bytes per MAC
