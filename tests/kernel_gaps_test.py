@@ -64,6 +64,30 @@ class SummaryTest(absltest.TestCase):
     self.assertEqual(dict(got), {0: [(1.0, 3.0, "k0")], 1: [(5.0, 6.0, "k1")]})
 
 
+class LocalRowsTest(absltest.TestCase):
+
+  def test_rows_time_the_stage_shape_and_agree(self):
+    # The --local rows on one (CPU) device: XLA's dot and our op at TP=1 on the stage shape
+    # of the case (RS-TilA at TP=2: m/2, k/2, n), one extra row per --ours-env setting.
+    import jax  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from jax_distgemm._src import bench_lib as bl  # pylint: disable=g-import-not-at-top
+    case = bl.parse_case("RS-TilA:256,128,512")
+    env = [("JAX_DISTGEMM_GEMM_CONFIG", "7:1:1")]
+    rows, sets = kernel_gaps.local_rows(jax, bl, case, jax.random.key(0), jax.devices()[0],
+                                        bl.Options(), env)
+    self.assertEqual([r[0] for r in rows],
+                     ["local_xla_dot", "local_ffi", "local_ffi[JAX_DISTGEMM_GEMM_CONFIG=7:1:1]"])
+    self.assertEqual(rows[2][3], dict(env))
+    x, w = sets[0][:2]
+    self.assertEqual((x.shape, w.shape), ((128, 64), (64, 512)))
+    want = np.asarray(rows[0][1](*sets[0]), np.float32)
+    got = np.asarray(rows[1][1](*sets[0]), np.float32)
+    self.assertEqual(got.shape, (128, 512))
+    self.assertGreater(np.abs(want).max(), 0.1)  # random operands, not zeros
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
 class ArgsTest(parameterized.TestCase):
 
   def test_env_parses(self):
