@@ -167,12 +167,7 @@ def local_rows(jax, bl, case, key, device, opts, ours_env):
   """The --local rows: the stage shape on `device`, XLA's dot and ours at TP=1, one set of
   stage-shaped operands for all (as the benchmark's local-GEMM ratio)."""
   import dataclasses  # noqa: PLC0415
-  from jax.sharding import SingleDeviceSharding  # noqa: PLC0415
-  single = SingleDeviceSharding(device)
-  sm, sk, sn = case.stage_shape()
-  b = (case.l,) if case.l > 1 else ()
-  sets = bl.rotating_sets(jax.random.fold_in(key, 2), b + (sm, sk), b + (sk, sn), case.jdtype,
-                          (single,) * 3, opts)
+  sets = bl.stage_rotating_sets(jax.random.fold_in(key, 2), case, device, opts)
   stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
   rows = [("local_xla_dot", bl.ideal_fn(stage_case), sets, {})]
   ours = jax.jit(bl.local_stage_fn(case, device))

@@ -380,6 +380,15 @@ def stacked_rotating_sets(key, case: Case, mesh: Mesh, opts: Options):
   return stacked_ideal_sets(key, count, case, mesh)
 
 
+def stage_rotating_sets(key, case: Case, device, opts: Options):
+  """rotating_sets of `case`'s stage shape (x and w, batched when case.l > 1) on `device`: the
+  operands of the local-GEMM ratio (XLA's dot of the stage shape against local_stage_fn)."""
+  sm, sk, sn = case.stage_shape()
+  b = (case.l,) if case.l > 1 else ()
+  single = SingleDeviceSharding(device)
+  return rotating_sets(key, b + (sm, sk), b + (sk, sn), case.jdtype, (single,) * 3, opts)
+
+
 # -- Implementations --------------------------------------------------------------------------------
 
 def distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
@@ -820,14 +829,11 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
 
   stage_sets = None
   if opts.local_gemm:
-    single = SingleDeviceSharding(devices[0])
     sm, sk, sn = case.stage_shape()
-    b = (case.l,) if case.l > 1 else ()
-    xs_, ws_ = b + (sm, sk), b + (sk, sn)
     progress("local GEMM: XLA dot on the stage shape")
 
     def prep_stage():
-      s = rotating_sets(jax.random.fold_in(key, 2), xs_, ws_, dt, (single,) * 3, opts)
+      s = stage_rotating_sets(jax.random.fold_in(key, 2), case, devices[0], opts)
       stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
       return s, ideal_fn(stage_case).lower(*s[0]).compile()
 
