@@ -1,7 +1,7 @@
 // Probe, not part of the package: CUTLASS SM90 bf16 GEMM variants (row-major A, B, D; fp32
 // accumulate; persistent data-parallel scheduler, raster along M) against the kernel we ship
 // most (Cooperative 128x256, cluster 2x1, epilogue tile auto = 128x32 subtiles, TMA stores),
-// at the suite's stage shapes.  Two variant sets, chosen at compile time:
+// at the suite's stage shapes.  Six variant sets, chosen at compile time:
 //
 //   -DPROBE_SET=1 (epilogue; docs/performance.md Q1): only the epilogue differs
 //     e128x64   128x64 subtiles: half the named-barrier rounds per tile, same mainloop stages
@@ -86,6 +86,9 @@ using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using PingpongEpi = cutlass::epilogue::TmaWarpSpecialized;
 using T128x256 = Shape<_128, _256, _64>;
+#if PROBE_SET >= 5 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+#error "-DPROBE_SET=5 and 6 need -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (64x160 wgmma atoms)"
+#endif
 using V0 = G<T128x256, C2, AutoTile, Cooperative, Coop>;
 #if PROBE_SET == 1
 using V1 = G<T128x256, C2, Shape<_128, _64>, Cooperative, Coop>;
@@ -116,9 +119,6 @@ using V4 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop>;
 const char* kNames[] = {"coop128x256 c2x1", "coop128x192 c2x1", "coop128x192 c1x1",
                         "coop128x320 c1x1", "coop256x192 c1x1"};
 #elif PROBE_SET == 5
-#if !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
-#error "-DPROBE_SET=5 needs -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (64x160 wgmma atoms)"
-#endif
 using V1 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop>;
 using V2 = G<Shape<_256, Int<160>, _64>, C1, AutoTile, Cooperative, Coop>;
 using V3 = G<Shape<_256, Int<160>, _64>, C2, AutoTile, Cooperative, Coop>;
@@ -126,9 +126,6 @@ using V4 = G<Shape<_128, Int<160>, _64>, C2, AutoTile, Cooperative, Coop>;
 const char* kNames[] = {"coop128x256 c2x1", "coop256x192 c1x1", "coop256x160 c1x1",
                         "coop256x160 c2x1", "coop128x160 c2x1"};
 #elif PROBE_SET == 6
-#if !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
-#error "-DPROBE_SET=6 needs -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (64x160 wgmma atoms)"
-#endif
 using SK = cutlass::gemm::StreamKScheduler;
 using V1 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop>;
 using V2 = G<Shape<_256, _192, _64>, C1, AutoTile, Cooperative, Coop, SK>;
