@@ -131,8 +131,8 @@ def sweep_local_case(case, index, devices, opts, args, log, monitor=None):
   candidate."""
   sm, sk, sn = case.stage_shape()
   key = jax.random.fold_in(jax.random.key(opts.seed), index)
-  sets = bench_lib.rotating_sets(jax.random.fold_in(key, 2), (sm, sk), (sk, sn), case.jdtype,
-                       (SingleDeviceSharding(devices[0]),) * 3, opts)
+  # The benchmark's own stage operands (batched when case.l > 1), so the rows are its ratio's.
+  sets = bench_lib.stage_rotating_sets(jax.random.fold_in(key, 2), case, devices[0], opts)
   xla = bench_lib.ideal_fn(dataclasses.replace(case, alpha=1.0, beta=0.0))
   xla = xla.lower(*sets[0]).compile()
   ours = jax.jit(bench_lib.local_stage_fn(case, devices[0])).lower(*sets[0]).compile()
