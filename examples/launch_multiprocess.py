@@ -38,7 +38,8 @@ of the first check, after the healthy ones: its peers must time out with DEADLIN
 the call after it must be correct again (JDG_FAULT lines).  --no-exit-cleanup ends the
 workers with os._exit (no atexit: like a crash), leaving their segments behind.
 --skip-initialize leaves out jax_distgemm.initialize_multiprocess(): the FFI path must then be
-refused with a message that says what to call.
+refused with a message that says what to call, and --implementation=auto (None) must run the
+XLA ring instead, with a warning.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--k", type=int, default=None, help="global K (default 32*TP CPU, 4096 GPU)")
   p.add_argument("--dtype", choices=DTYPES, default=None,
                  help="dtype (default fp32 on CPU, bf16 on GPU)")
-  p.add_argument("--implementation", choices=("ffi", "xla", "reference"), default="ffi")
+  p.add_argument("--implementation", choices=("ffi", "xla", "reference", "auto"), default="ffi",
+                 help='"auto": implementation=None (the default of the API); default "ffi"')
   p.add_argument("--iterations", type=int, default=3,
                  help="calls per check, each blocked on and checked (default 3)")
   p.add_argument("--timing-iterations", type=int, default=0,
@@ -298,16 +300,17 @@ def worker(args) -> int:
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec))
     return fn, (x, w)
 
+  impl = None if args.implementation == "auto" else args.implementation
   if args.timing_only:
     for check in args.checks:
-      fn, arrays = build_random(check, args.implementation)
+      fn, arrays = build_random(check, impl)
       emit("JDG_TIME", process=me, check=check, **time_calls(args, fn, arrays),
            hlo_fused_calls=fn.lower(*arrays).compile().as_text().count(
                'custom_call_target="jax_distgemm_v1"'))
     args.checks = []
 
   for check in args.checks:
-    fn, arrays, ref64 = build(check, args.implementation)
+    fn, arrays, ref64 = build(check, impl)
     ref_fn, _, _ = build(check, "reference")
     ref_out = ref_fn(*arrays)
     jax.block_until_ready(ref_out)

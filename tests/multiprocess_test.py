@@ -249,6 +249,22 @@ class MultiprocessTest(parameterized.TestCase):
     self.assertIn("needs jax_distgemm.initialize_multiprocess() after "
                   "jax.distributed.initialize()", out)
 
+  def test_without_initialize_multiprocess_auto_runs_the_ring(self):
+    # implementation=None where the executor cannot meet the group: the XLA ring is lowered in
+    # place of the custom call (with a warning naming the reason), and the results are right.
+    rc, out, records = launch("--num-processes=2", f"--checks={','.join(SCHEDULES)}",
+                              "--skip-initialize", "--implementation=auto")
+    self.assertEqual(rc, 0, out[-4000:])
+    self.assertIn("Disposition: Passed", out)
+    self.assertIn("implementation=None runs the XLA ring here, not the fused FFI call: "
+                  "axis_name: the TP group", out)
+    results = records.get("JDG_RESULT", [])
+    self.assertCountEqual({(r["check"], r["process"]) for r in results},
+                          {(c, p) for c in SCHEDULES for p in range(2)})
+    for r in results:
+      self.assertTrue(r["ok"], r)
+      self.assertEqual(r["fused_calls"], 0, r)  # the ring, not our custom call
+
 
 class SetupTest(absltest.TestCase):
 

@@ -187,6 +187,40 @@ class ValidationTest(absltest.TestCase):
       validation.check_groups_local(groups, [0, 1])  # CPU, multi-process setup not run
     validation.check_groups_local(groups, [4, 5])  # a group wholly elsewhere is not ours
 
+  def test_unreachable_group_auto_lowers_the_ring(self):
+    # A group the executor cannot meet (here by decree): None lowers the XLA ring in place of
+    # the custom call, forward and backward, with the right values; "ffi" raises the reason.
+    def unreachable(*a, **k):
+      raise validation.GroupUnreachableError("axis_name: the TP group spans hosts (test)")
+
+    mesh = tu.mesh_1d(TP)
+    with mock.patch.object(validation, "check_groups_local", unreachable):
+      for schedule in (AG_A, AG_B, RS_A, RS_B):
+        xs, ws, os_ = tu.specs(schedule, 0)
+        xg, wg, cg = tu.random_inputs(1, (16, 8), (8, 16), jnp.float32, c_shape=(16, 16))[:3]
+        put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
+        args = (put(xg, xs), put(wg, ws), put(cg, os_))
+        for impl in (None, "ffi"):
+          f = jax.jit(jax.shard_map(dm(schedule, alpha=0.5, beta=2.0, implementation=impl),
+                                    mesh=mesh, in_specs=(xs, ws, os_), out_specs=os_))
+          if impl == "ffi":
+            with self.assertRaisesMsg(validation.GroupUnreachableError, "spans hosts (test)"):
+              f(*args)
+            continue
+          with (mock.patch.object(primitives, "_warned", set()),
+                self.assertLogs("jax_distgemm", "WARNING") as logs):
+            hlo = f.lower(*args).compile().as_text()
+          self.assertIn("implementation=None runs the XLA ring here, not the fused FFI call: "
+                        "axis_name: the TP group spans hosts (test)", logs.output[0])
+          self.assertNotIn("jax_distgemm_v1", hlo)
+          want = tu.reference_np(xg, wg, cg, alpha=0.5, beta=2.0)
+          self.assertLess(tu.rel_err(f(*args), want), 1e-5, schedule)
+          dx, dw = jax.grad(lambda x, w: f(x, w, args[2]).sum(), argnums=(0, 1))(*args[:2])
+          # d/dx sum(0.5 x @ w) = 0.5 * rowsum(w), d/dw = 0.5 * colsum(x)
+          np.testing.assert_allclose(dx, np.broadcast_to(0.5 * wg.sum(1), (16, 8)), rtol=1e-5)
+          np.testing.assert_allclose(dw, np.broadcast_to(0.5 * xg.sum(0)[:, None], (8, 16)),
+                                     rtol=1e-5)
+
   def test_tp_group_spans_processes_cuda(self):
     # CUDA across processes (CUDA IPC): needs the setup call, one host, one GPU per process.
     same = multiprocess.State(token="t", process_index=0, hosts=("h", "h", "h", "h"))
@@ -318,6 +352,17 @@ class ValidationTest(absltest.TestCase):
                      "out_dtype: float16 with bfloat16 inputs is not built (use bfloat16 or "
                      "float32)")
     self.assertIsNone(cuda_rules.unsupported_reason(x, w, jnp.float32, AG_A, TP))
+
+  def test_cuda_tp_limit(self):
+    # The C++ limit, read from its header, is the one None and "ffi" check before launch.
+    header = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "cc", "cuda",
+                          "peer_state.h")
+    with open(header) as f:
+      self.assertIn(f"inline constexpr int kMaxTp = {cuda_rules.CUDA_MAX_TP};", f.read())
+    x, w = _sds((4, 64), jnp.bfloat16), _sds((64, 64 * 65 * 8), jnp.bfloat16)
+    self.assertEqual(cuda_rules.unsupported_reason(x, w, jnp.bfloat16, AG_A, 65),
+                     "tp: 65 ranks; the CUDA executor takes at most 64 (kMaxTp)")
+    self.assertIsNone(cuda_rules.unsupported_reason(x, w, jnp.bfloat16, AG_A, 64))
 
   def test_tma_alignment(self):
     bf16 = jnp.bfloat16

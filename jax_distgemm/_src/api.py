@@ -15,6 +15,10 @@ implementation: "ffi" (the fused custom call: CUDA on Hopper, or the CPU executo
 ppermute ring, any backend), "reference" (XLA all_gather + dot / dot + psum_scatter), or None:
 "ffi" where it can run this case and is expected to be faster, else "xla".  A case the chosen
 implementation cannot run raises NotImplementedError with the reason; None moves on instead.
+A TP group the FFI executor cannot meet (found at lowering, where the device ids are known:
+processes without initialize_multiprocess(), other hosts) raises
+validation.GroupUnreachableError under "ffi"; under None the XLA ring is lowered in the custom
+call's place, with a warning (primitives._lowering).
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ def ffi_unsupported_reason(platform: str, x, w, out_dtype, schedule: Schedule,
   return cuda_rules.unsupported_reason(x, w, out_dtype, schedule, tp)
 
 
-def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms):
+def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms,
+         fallback=False):
   reason = ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp)
   if reason:
     raise NotImplementedError(f"jax_distgemm implementation='ffi': {reason}")
@@ -80,7 +85,8 @@ def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms
     c, c_after = None, c
   x, w, c = _match_vma(x, w, c)
   out = primitives.bind(x, w, c, schedule=schedule, axis_name=axis_name, tp=tp, alpha=alpha,
-                        beta=beta, out_dtype=out_dtype, timeout_ms=timeout_ms)
+                        beta=beta, out_dtype=out_dtype, timeout_ms=timeout_ms,
+                        fallback=fallback)
   if c_after is not None:
     out = reference.epilogue(out.astype(jnp.float32), c_after, alpha=1.0, beta=beta,
                              out_dtype=out_dtype)
@@ -113,8 +119,12 @@ def _resolve(x, w, p: autodiff.Params) -> str:
 
 
 def _run(x, w, c, p: autodiff.Params, name: str):
+  kw = {}
+  if name == "ffi" and p.implementation is None and config.forced_implementation() is None:
+    kw["fallback"] = True  # auto chose it: a group the executor cannot meet lowers the ring
   return _IMPLS[name](x, w, c, axis_name=p.axis_name, schedule=p.schedule, alpha=p.alpha,
-                      beta=p.beta, out_dtype=p.out_dtype, tp=p.tp, timeout_ms=p.timeout_ms)
+                      beta=p.beta, out_dtype=p.out_dtype, tp=p.tp, timeout_ms=p.timeout_ms,
+                      **kw)
 
 
 # The differentiable per-shard op: jax.custom_vjp pairing each schedule with its dual.

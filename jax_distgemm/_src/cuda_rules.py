@@ -10,6 +10,8 @@ import jax.numpy as jnp
 from jax_distgemm._src import config
 from jax_distgemm._src.schedules import Schedule, output_shape
 
+# kMaxTp in cc/cuda/peer_state.h (one flag row per stage); tests/validation_test.py checks it.
+CUDA_MAX_TP = 64
 CUDA_IN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 CUDA_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 _TMA_ALIGN_BYTES = 16
@@ -80,6 +82,8 @@ def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | No
   """None if the CUDA executor runs this case, else why not (naming the argument)."""
   xd = jnp.dtype(x.dtype)
   od = jnp.dtype(out_dtype)
+  if tp > CUDA_MAX_TP:
+    return f"tp: {tp} ranks; the CUDA executor takes at most {CUDA_MAX_TP} (kMaxTp)"
   if xd not in CUDA_IN_DTYPES:
     return f"x, w: dtype {xd.name} is not supported on CUDA (bfloat16 or float16)"
   if od not in CUDA_OUT_DTYPES:

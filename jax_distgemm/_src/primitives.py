@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from jax._src.interpreters import batching
 from jax_distgemm import ffi as ffi_modules
 from jax_distgemm._src import multiprocess
 from jax_distgemm._src import validation
+from jax_distgemm._src import xla_ring
 from jax_distgemm._src.schedules import Schedule, output_shape
 
 TARGET_NAME = "jax_distgemm_v1"
@@ -53,8 +55,12 @@ def call_site(site: int):
 
 
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
-         beta: float, out_dtype, timeout_ms: int):
+         beta: float, out_dtype, timeout_ms: int, fallback: bool = False):
   """Binds the primitive on (x, w) or (x, w, c); c is cast to out_dtype.
+
+  fallback: implementation=None chose this call, so where the lowering finds a TP group the
+  executor cannot meet (validation.GroupUnreachableError) or no concrete mesh, it lowers the
+  XLA ring instead, with a warning, rather than raise.
 
   NOTE: without c the primitive has two operands and the lowering supplies the FFI call's
   empty c.  A traced zero-size operand would become a zero-size shard_map argument under an
@@ -64,13 +70,13 @@ def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float
   return distgemm_p.bind(
       *operands, schedule=Schedule(schedule), axis_name=tuple(axis_name),
       tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
-      timeout_ms=int(timeout_ms), call_site=_call_site.get())
+      timeout_ms=int(timeout_ms), call_site=_call_site.get(), fallback=bool(fallback))
 
 
 @distgemm_p.def_abstract_eval
 def _abstract_eval(x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
-                   call_site):
-  del c, axis_name, alpha, beta, timeout_ms, call_site
+                   call_site, fallback):
+  del c, axis_name, alpha, beta, timeout_ms, call_site, fallback
   shape = output_shape(schedule, x.shape, w.shape, tp)
   # The output varies over the same manual axes as the (vma-matched) operands.
   return x.update(shape=shape, dtype=out_dtype, weak_type=False,
@@ -132,10 +138,44 @@ def register_device_ids(platform: str):
   _registered_device_ids.add(platform)
 
 
+_log = logging.getLogger("jax_distgemm")
+_warned: set[str] = set()
+
+
+def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, why: str):
+  """implementation=None's way out at lowering time: the XLA ring (xla_ring) in place of the
+  custom call, same operands and result.  Warns once per reason."""
+  if why not in _warned:
+    _warned.add(why)
+    _log.warning("jax_distgemm: implementation=None runs the XLA ring here, not the fused "
+                 "FFI call: %s", why)
+
+  def ring(x, w, *c):
+    return xla_ring.distributed_matmul(x, w, c[0] if c else None, axis_name=axis_name,
+                                       schedule=schedule, alpha=alpha, beta=beta,
+                                       out_dtype=out_dtype)
+
+  return mlir.lower_fun(ring, multiple_results=False)(ctx, x, w, *c)
+
+
 def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype,
-              timeout_ms, call_site):
-  mesh = _concrete_mesh(ctx)
-  groups = device_groups(mesh, axis_name, tp, platform)
+              timeout_ms, call_site, fallback):
+  # NOTE: only what the executor cannot reach falls back; a mesh that does not match the
+  # axis sizes (check_tp_group) is the caller's error under every implementation.
+  ring = functools.partial(_ring_lowering, ctx, x, w, *c, schedule=schedule,
+                           axis_name=axis_name, alpha=alpha, beta=beta, out_dtype=out_dtype)
+  try:
+    mesh = _concrete_mesh(ctx)
+  except NotImplementedError as e:
+    if not fallback:
+      raise
+    return ring(why=str(e))
+  try:
+    groups = device_groups(mesh, axis_name, tp, platform)
+  except validation.GroupUnreachableError as e:
+    if not fallback:
+      raise
+    return ring(why=str(e))
   register_device_ids(platform)
   if not c:  # the FFI call always takes c: an empty one means "no c"
     empty = core.ShapedArray((0,), out_dtype)

@@ -122,6 +122,11 @@ def check_tp_group(axis_sizes, axis_name: tuple[str, ...], tp: int) -> None:
     raise ValueError(f"tp: the mesh's {total} devices do not split into groups of TP={tp}")
 
 
+class GroupUnreachableError(ValueError):
+  """A TP group the FFI executor cannot meet (it spans processes or hosts it cannot reach).
+  implementation=None lowers the XLA ring instead (primitives._lowering); "ffi" raises it."""
+
+
 def check_groups_local(groups, local_device_ids, *, platform: str = "cpu", process_of=None,
                        multiprocess=None) -> None:
   """Every TP group that holds a device of this process must be one its FFI executor can meet.
@@ -146,11 +151,11 @@ def check_groups_local(groups, local_device_ids, *, platform: str = "cpu", proce
     head = (f"axis_name: the TP group {ids} spans processes (devices {missing} are not "
             "addressable by this process)")
     if not cuda and platform.lower() != "cpu":
-      raise ValueError(
+      raise GroupUnreachableError(
           f"{head}; implementation='ffi' has no executor across processes on {platform!r}; use "
           "implementation='xla'")
     if multiprocess is None:
-      raise ValueError(
+      raise GroupUnreachableError(
           f"{head}; implementation='ffi' across processes needs "
           "jax_distgemm.initialize_multiprocess() after jax.distributed.initialize() in every "
           "process, else use implementation='xla' across processes")
@@ -160,11 +165,11 @@ def check_groups_local(groups, local_device_ids, *, platform: str = "cpu", proce
       if remote_hosts:
         how = ("maps peers' workspaces through CUDA IPC over NVLink" if cuda else
                "meets peers through POSIX shared memory")
-        raise ValueError(
+        raise GroupUnreachableError(
             f"{head}; devices {remote_hosts} are on another host, which the "
             f"{'CUDA' if cuda else 'CPU'} executor cannot reach (it {how}, one host only); use "
             "implementation='xla' across hosts")
     if cuda and len(here) != 1:
-      raise ValueError(
+      raise GroupUnreachableError(
           f"{head}; on CUDA a TP group that spans processes must have one GPU per process (this "
           f"process holds {here}); use implementation='xla' for this mesh")
