@@ -161,6 +161,13 @@ class ValidationTest(absltest.TestCase):
                               "them, got 3"):
       trace(dm(AG_A, axis_name=3), AG_A, (16, 8), (8, 16))
 
+  def test_axis_name_repeated(self):
+    # Under every implementation (the reference's XLA collective aborted the process on it).
+    for impl in ("ffi", "xla", "reference", None):
+      with self.assertRaisesMsg(ValueError, "axis_name: ('tp', 'tp') names 'tp' more than once; "
+                                "name each mesh axis once"):
+        trace(dm(AG_A, axis_name=("tp", "tp"), implementation=impl), AG_A, (16, 8), (8, 16))
+
   def test_tp_differs_from_mesh_axis_size(self):
     # The primitive bound for TP=2 (or 3) on a 4-device axis: refused at lowering, before the
     # handlers are built with wrong groups (TP=2) or groups that cannot be formed (TP=3).
@@ -306,6 +313,22 @@ class ValidationTest(absltest.TestCase):
     for bad in (0, -5):
       with self.assertRaisesMsg(ValueError, f"timeout_ms: must be a positive integer, got {bad}"):
         trace(dm(RS_A, timeout_ms=bad), RS_A, (16, 16), (16, 8))
+
+  def test_timeout_ms_not_an_integer(self):
+    # Never truncated (1.5 would have been 1 ms) or passed to int() unchecked.
+    with self.assertRaisesMsg(ValueError, "timeout_ms: must be a positive integer, got 1.5 (float"):
+      trace(dm(AG_A, timeout_ms=1.5), AG_A, (16, 8), (8, 16))
+    for bad, shown in ((True, "True (bool"), ("abc", "'abc' (str")):
+      with self.assertRaisesMsg(ValueError, f"timeout_ms: must be a positive integer, got {shown}"):
+        trace(dm(AG_A, timeout_ms=bad), AG_A, (16, 8), (8, 16))
+    with self.assertRaisesMsg(ValueError, "timeout_ms: must be at most 2147483647 ms (~24.8 days), "
+                              "got 1180591620717411303424"):
+      trace(dm(AG_A, timeout_ms=2**70), AG_A, (16, 8), (8, 16))
+    self.assertEqual(config.check_timeout_ms(np.int32(5)), 5)
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_TIMEOUT_MS": str(2**31)}):
+      with self.assertRaisesMsg(ValueError, "JAX_DISTGEMM_TIMEOUT_MS must be at most 2147483647 "
+                                "ms, got 2147483648"):
+        trace(dm(AG_A), AG_A, (16, 8), (8, 16))
 
   def test_timeout_env_not_positive(self):
     for bad, shown in (("0", "0"), ("soon", "'soon'")):

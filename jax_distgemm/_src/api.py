@@ -158,8 +158,8 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
                              beta=beta, out_dtype=out_dtype)
   if timeout_ms is None:
     timeout_ms = config.default_timeout_ms()
-  elif int(timeout_ms) <= 0:
-    raise ValueError(f"timeout_ms: must be a positive integer, got {timeout_ms}")
+  else:
+    timeout_ms = config.check_timeout_ms(timeout_ms)
   if implementation is not None and implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation: expected one of {IMPLEMENTATIONS} or None, got {implementation!r}")

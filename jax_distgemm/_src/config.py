@@ -9,6 +9,23 @@ import os
 # collectives, so a real hang names our call before XLA terminates the process.
 _DEFAULT_TIMEOUT_MS = 30000
 _DEFAULT_MAX_WORKSPACE_MB = 8192
+# ~24.8 days: far beyond any wait worth bounding, and far below what the executors' deadlines
+# (steady_clock::now() + timeout, %globaltimer ns) can hold without overflowing.
+MAX_TIMEOUT_MS = 2**31 - 1
+
+
+def check_timeout_ms(value, what: str = "timeout_ms") -> int:
+  """`value` as a timeout in ms: an integer (not a bool or float) in [1, MAX_TIMEOUT_MS]."""
+  import numbers  # noqa: PLC0415
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise ValueError(f"{what}: must be a positive integer, got {value!r} "
+                     f"({type(value).__name__}; milliseconds)")
+  ms = int(value)
+  if ms < 1:
+    raise ValueError(f"{what}: must be a positive integer, got {ms}")
+  if ms > MAX_TIMEOUT_MS:
+    raise ValueError(f"{what}: must be at most {MAX_TIMEOUT_MS} ms (~24.8 days), got {ms}")
+  return ms
 
 
 def default_timeout_ms() -> int:
@@ -24,8 +41,10 @@ def default_timeout_ms() -> int:
   except ValueError:
     raise ValueError(
         f"JAX_DISTGEMM_TIMEOUT_MS must be a positive integer, got {value!r}") from None
-  if ms <= 0:
+  if ms < 1:
     raise ValueError(f"JAX_DISTGEMM_TIMEOUT_MS must be a positive integer, got {ms}")
+  if ms > MAX_TIMEOUT_MS:
+    raise ValueError(f"JAX_DISTGEMM_TIMEOUT_MS must be at most {MAX_TIMEOUT_MS} ms, got {ms}")
   return ms
 
 

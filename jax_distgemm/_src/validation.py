@@ -20,6 +20,10 @@ def normalize_axis_name(axis_name) -> tuple[str, ...]:
     return (axis_name,)
   if isinstance(axis_name, (tuple, list)) and axis_name and all(
       isinstance(a, str) for a in axis_name):
+    repeated = sorted({a for a in axis_name if list(axis_name).count(a) > 1})
+    if repeated:
+      raise ValueError(f"axis_name: {tuple(axis_name)!r} names {', '.join(map(repr, repeated))} "
+                       "more than once; name each mesh axis once")
     return tuple(axis_name)
   raise TypeError(
       f"axis_name: expected a mesh axis name or a tuple of them, got {axis_name!r}")
