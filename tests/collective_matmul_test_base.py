@@ -206,6 +206,13 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
     self.check(schedule, mesh=mesh, axis_name=("data", "tp"))
 
   @parameterized.product(schedule=SCHEDULES)
+  def test_tp_over_two_mesh_axes_out_of_mesh_order(self, schedule):
+    # axis_name=("tp", "data") on a ("data", "tp") mesh: ranks count tp-major, as
+    # P(("tp", "data")) lays out the global arrays (the ring's ppermute needs the mesh's order).
+    mesh = jax.sharding.Mesh(np.array(test_util.cpu_devices(8)).reshape(2, 4), ("data", "tp"))
+    self.check(schedule, mesh=mesh, axis_name=("tp", "data"))
+
+  @parameterized.product(schedule=SCHEDULES)
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)
 

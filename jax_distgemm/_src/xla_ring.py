@@ -8,6 +8,7 @@ next shard's ppermute is issued before this stage's dot so XLA may overlap them.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -17,8 +18,35 @@ from jax_distgemm._src.schedules import Schedule
 
 
 def _shift(x, axis_name, tp: int, offset: int):
-  """Every device d sends x to device (d + offset) % tp."""
-  return lax.ppermute(x, axis_name, perm=[(j, (j + offset) % tp) for j in range(tp)])
+  """Every device d sends x to device (d + offset) % tp, d = lax.axis_index(axis_name): ranks
+  count in axis_name's order, as for the other implementations."""
+  axes, index = _mesh_ordered(axis_name)
+  return lax.ppermute(x, axes, perm=[(index(j), index((j + offset) % tp)) for j in range(tp)])
+
+
+def _mesh_ordered(axis_name):
+  """(axes in the mesh's order, rank in axis_name's order -> linear index over those axes).
+
+  NOTE: ppermute needs a multi-axis name in the mesh's order, while axis_index linearizes in
+  the order it is given; a group named ("tp", "data") on a ("data", "tp") mesh needs the map.
+  """
+  names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  mesh_names = tuple(jax.sharding.get_abstract_mesh().axis_names)
+  ordered = tuple(a for a in mesh_names if a in names)
+  if len(names) < 2 or ordered == names or len(ordered) != len(names):
+    return axis_name, lambda r: r
+  sizes = {a: lax.axis_size(a) for a in names}
+
+  def index(rank: int) -> int:
+    coord = {}
+    for a in reversed(names):
+      rank, coord[a] = divmod(rank, sizes[a])
+    linear = 0
+    for a in ordered:
+      linear = linear * sizes[a] + coord[a]
+    return linear
+
+  return ordered, index
 
 
 def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype,
