@@ -12,8 +12,15 @@ from unittest import mock
 import test_util  # noqa: I001  (first: requests the 8 fake CPU devices)
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_distgemm
+from jax_distgemm._src import api
 
 import collective_matmul_test_base as base  # the module, so its base class is not collected
 
@@ -39,6 +46,29 @@ class FfiCpuTest(base.CollectiveMatmulTestBase):
     fn, placed = self.check(base.AG_A, tp=4, implementation=None, calls=1)
     counts = test_util.collectives_in_hlo(fn.lower(*placed).compile().as_text())
     self.assertEqual(counts, NO_COLLECTIVES | {"jax_distgemm": 1})
+
+  def test_auto_takes_the_ring_under_a_partial_shard_map(self):
+    # shard_map(axis_names={"tp"}) leaves "data" to the partitioner: the custom call cannot be
+    # split along it (XLA would gather the batch and every data replica compute all of it), so
+    # None runs the ring, which keeps the batch sharded; "ffi" still runs, with a warning.
+    mesh = jax.sharding.Mesh(np.array(test_util.cpu_devices(8)).reshape(2, 4), ("data", "tp"))
+    x, w, _ = test_util.random_inputs(0, (2, base.M, base.K), (base.K, base.N), jnp.float32)
+    xd = jax.device_put(x, NamedSharding(mesh, P("data", "tp", None)))
+    wd = jax.device_put(w, NamedSharding(mesh, P(None, "tp")))
+    for impl, custom_calls in ((None, 0), ("ffi", 1)):
+      api._warned_unpartitioned.clear()
+      body = lambda a, b, impl=impl: jax_distgemm.all_gather_matmul(a, b, axis_name="tp",
+                                                                     implementation=impl)
+      fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp", None), P(None, "tp")),
+                                 out_specs=P(None, None, "tp"), axis_names={"tp"}))
+      with self.assertLogs("jax_distgemm", "WARNING") as logs:
+        hlo = fn.lower(xd, wd).compile().as_text()
+      self.assertIn("leaves mesh axes ('data',) to the partitioner", logs.output[0])
+      self.assertEqual(test_util.collectives_in_hlo(hlo)["jax_distgemm"], custom_calls, impl)
+      out = fn(xd, wd)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+      if impl is None:
+        self.assertEqual(out.sharding.spec[0], "data")  # the batch stayed split
 
   def test_env_var_overrides_auto(self):
     with mock.patch.dict(os.environ, {"JAX_DISTGEMM_IMPLEMENTATION": "xla"}):

@@ -23,6 +23,7 @@ call's place, with a warning (primitives._lowering).
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import jax
@@ -33,6 +34,8 @@ from jax_distgemm._src import autodiff, config, primitives, reference, validatio
 from jax_distgemm._src.schedules import Schedule
 
 IMPLEMENTATIONS = ("ffi", "xla", "reference")
+_log = logging.getLogger("jax_distgemm")
+_warned_unpartitioned: set[tuple] = set()  # (implementation, axes) warned about
 
 
 def _current_platform() -> str:
@@ -78,6 +81,13 @@ def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms
   reason = ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp)
   if reason:
     raise NotImplementedError(f"jax_distgemm implementation='ffi': {reason}")
+  if (auto := unpartitioned_axes()) and ("ffi", auto) not in _warned_unpartitioned:
+    _warned_unpartitioned.add(("ffi", auto))
+    _log.warning(
+        "jax_distgemm implementation='ffi': the enclosing shard_map leaves mesh axes %s to the "
+        "partitioner; the custom call cannot be split along them, so XLA gathers its operands "
+        "and every replica computes the whole call (make them manual, or use "
+        "implementation=None or 'xla', which run the XLA ring here)", auto)
   # The fused ReduceScatter kernels have no second epilogue source (their C is the running
   # sum): beta * c joins after the call, one elementwise pass that XLA fuses.
   c_after = None
@@ -108,11 +118,30 @@ def _reference(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, time
 _IMPLS: dict[str, Callable] = {"ffi": _ffi, "xla": _xla, "reference": _reference}
 
 
+def unpartitioned_axes() -> tuple[str, ...]:
+  """Mesh axes of size > 1 that the enclosing shard_map leaves to the partitioner (a partial
+  shard_map, axis_names=...).  NOTE: the custom call has no sharding rule for them, so XLA
+  gathers its operands along them and every replica computes the whole call."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return tuple(a for a, n, t in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types)
+               if n > 1 and t != jax.sharding.AxisType.Manual)
+
+
 def _resolve(x, w, p: autodiff.Params) -> str:
-  """The concrete implementation for one call: as requested, else auto (ffi where it runs)."""
+  """The concrete implementation for one call: as requested, else auto (ffi where it runs,
+  and where no mesh axis is left unpartitioned around it; else the XLA ring)."""
   name = p.implementation or config.forced_implementation()
   if name is not None:
     return name
+  if auto := unpartitioned_axes():
+    # The ring partitions along them; the custom call would repeat the work on every replica.
+    if (None, auto) not in _warned_unpartitioned:
+      _warned_unpartitioned.add((None, auto))
+      _log.warning("jax_distgemm: implementation=None runs the XLA ring here, not the fused "
+                   "FFI call: the enclosing shard_map leaves mesh axes %s to the partitioner, "
+                   "along which the custom call cannot be split (make them manual for the "
+                   "fused call)", auto)
+    return "xla"
   if ffi_unsupported_reason(_current_platform(), x, w, p.out_dtype, p.schedule, p.tp) is None:
     return "ffi"
   return "xla"
