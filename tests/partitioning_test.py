@@ -206,6 +206,14 @@ class ExplicitPathTest(parameterized.TestCase):
     _, (xd, wd) = put(mesh, P("tp", None), P(None, "tp"), x_shape=(M, K))
     with self.assertRaisesRegex(ValueError, "'model' is not an axis"):
       jax_distgemm.collective_matmul(xd, wd, axis="model")
+    # out_sharding on another mesh: refused, not silently placed on the operands' devices.
+    other = jax.sharding.Mesh(np.array(test_util.cpu_devices(8)[::-1]), ("tp",))
+    with self.assertRaisesRegex(ValueError, r"out_sharding: its mesh \(axes \('tp',\), devices "
+                                r"\[7, 6, 5, 4, 3, 2, 1, 0\]\) is not the mesh the op runs on"):
+      jax_distgemm.collective_matmul(xd, wd, out_sharding=NamedSharding(other, P(None, "tp")))
+    with self.assertRaisesRegex(ValueError, r"in_specs: expected \(x_spec, w_spec\), two "
+                                "PartitionSpecs"):
+      jax_distgemm.collective_matmul(xd, wd, in_specs=(P("tp", None),))
 
   @parameterized.parameters(*Schedule)
   def test_explicit_mesh_axes(self, schedule):

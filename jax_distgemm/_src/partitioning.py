@@ -43,6 +43,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax._src import core
 from jax._src import mesh as mesh_lib
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -287,6 +288,24 @@ def _out_spec_of(out_sharding):
       f"{type(out_sharding).__name__}")
 
 
+def _check_out_mesh(out_mesh, mesh):
+  """out_sharding's mesh, if it has one, must be the one the op runs on (no silent move)."""
+  if out_mesh is None or mesh is None:
+    return
+
+  def layout(m):  # an AbstractMesh (jax.set_mesh's, under jit) has names but no devices
+    devices = getattr(m, "devices", None)
+    ids = None if devices is None else np.vectorize(lambda d: d.id)(devices).tolist()
+    return tuple(m.axis_names), ids
+
+  (names, devs), (want_names, want_devs) = layout(mesh), layout(out_mesh)
+  if names != want_names or None not in (devs, want_devs) and devs != want_devs:
+    raise ValueError(
+        f"out_sharding: its mesh (axes {want_names}, devices {want_devs}) is not the mesh the "
+        f"op runs on (axes {names}, devices {devs}); give a PartitionSpec or a NamedSharding "
+        "on that mesh, and move the result with jax.device_put")
+
+
 # -- Public entry point ----------------------------------------------------------------------------
 
 def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
@@ -315,6 +334,12 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
 
   Returns:
     out [..., M, N], sharded as the plan says (out_sharding when given).
+
+  NOTE: inside jax.jit with Auto mesh axes the shardings are known only to the partitioner,
+  whose callback (custom_partitioning) picks the schedule: a rule violation then fails the
+  compile with a JaxRuntimeError whose text holds this function's ValueError, and without
+  out_sharding the result's sharding is left to XLA's propagation, which may gather it
+  (pass out_sharding, or constrain the result).
   """
   if fallback not in FALLBACKS:
     raise ValueError(f"fallback: expected one of {FALLBACKS}, got {fallback!r}")
@@ -328,11 +353,16 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   out_spec, out_mesh = _out_spec_of(out_sharding)
 
   if in_specs is not None:
+    if (not isinstance(in_specs, (tuple, list)) or len(in_specs) != 2 or
+        not all(isinstance(s, P) for s in in_specs)):
+      raise ValueError(f"in_specs: expected (x_spec, w_spec), two PartitionSpecs, got "
+                       f"{in_specs!r}")
     x_spec, w_spec = in_specs
     known = (x_spec, None), (w_spec, None)
   else:
     known = _known_spec(x, axis), _known_spec(w, axis)
   if known[0] is None or known[1] is None:
+    _check_out_mesh(out_mesh, mesh)
     return _auto(x, w, out_spec, out_sharding, fallback, o, mesh or out_mesh)
 
   (x_spec, x_mesh), (w_spec, w_mesh) = known
@@ -342,6 +372,7 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
                      "with a NamedSharding and no mesh is set with jax.set_mesh)")
   if axis not in mesh.axis_names:
     raise ValueError(f"axis: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
+  _check_out_mesh(out_mesh, mesh)
   p = plan(x_spec, w_spec, out_spec, x_ndim=x_ndim, w_ndim=w_ndim, axis=axis)
   if p.schedule is None:
     if fallback == "error":
