@@ -37,6 +37,9 @@ default_bias_init = nnx.initializers.zeros_init()
 @functools.lru_cache(maxsize=None)
 def _per_shard_op(implementation) -> Callable:
   """The injected implementation as fn(x, w, *, axis_name, schedule, out_dtype) per shard."""
+  if isinstance(implementation, str) and implementation not in api.IMPLEMENTATIONS:
+    raise ValueError(f"implementation: expected one of {api.IMPLEMENTATIONS}, None or a "
+                     f"callable, got {implementation!r}")
   if implementation is None or isinstance(implementation, str):
     return functools.partial(api.distributed_matmul, implementation=implementation)
   if callable(implementation):

@@ -278,6 +278,8 @@ class CpuLayerTest(LayerCases, parameterized.TestCase):
     self.assertEqual((c["jax_distgemm"], c["all-gather"]), (0, 1), c)  # XLA's all_gather
     with self.assertRaisesRegex(TypeError, "implementation"):
       self.make("row", implementation=3)
+    with self.assertRaisesRegex(ValueError, "implementation: expected one of .* got 'cuda'"):
+      self.make("row", implementation="cuda")  # at construction, not at the first call
 
   def test_input_without_batch_dim_and_1d_mesh(self):
     mesh = test_util.mesh_1d(4)
