@@ -49,7 +49,8 @@ std::string TimeoutMessage(int rank, int size, std::chrono::milliseconds timeout
       << " ms waiting for peers at " << what << "; missing ranks:";
   for (int r : missing) msg << " " << r;
   msg << ". Every device of the TP group must run the same sequence of distgemm calls; raise "
-         "the timeout with JAX_DISTGEMM_TIMEOUT_MS if peers are only slow.";
+         "the timeout (the call's timeout_ms=, else JAX_DISTGEMM_TIMEOUT_MS) if peers are only "
+         "slow.";
   return msg.str();
 }
 

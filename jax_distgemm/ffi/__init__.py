@@ -7,9 +7,19 @@ from __future__ import annotations
 
 import jax
 
+import os
+
 try:
   from jax_distgemm.ffi import _distgemm_cpu
 except ImportError as e:  # pragma: no cover - a broken install
+  _here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if os.path.exists(os.path.join(os.path.dirname(_here), "pyproject.toml")):
+    # NOTE: `python` run from the repository root puts it first on sys.path, so this is the
+    # source tree (no compiled modules after a regular `pip install .`), not the install.
+    raise ImportError(
+        f"jax_distgemm: imported from the source tree at {_here}, which has no compiled "
+        "extension (_distgemm_cpu): run from another directory to use the installed package, "
+        "or install it in place with `pip install -e .`") from e
   raise ImportError(
       "jax_distgemm: the compiled CPU extension (_distgemm_cpu) is missing; reinstall the "
       "package with `pip install .` so that it is built") from e
