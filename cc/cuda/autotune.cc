@@ -130,8 +130,8 @@ constexpr int kRounds = 3;
 
 // -- Call trials: long AllGather grids ----------------------------------------------------------
 // A fused AllGather grid whose first trial launch takes >= kCallTrialMinMs: once tuned, if the
-// tuner's choice is another config than the cluster-less Cooperative 128x256 (the challenger;
-// since config 7, also the cluster-less 256x192 tile) and the challenger was timed too,
+// tuner's choice is another config than the cluster-less Cooperative 128x256 (the challenger,
+// kChallengerConfig) and the challenger was timed too,
 // the next calls alternate between the two in turns (~kCallTrialHeatMs of calls untimed, then
 // ~kCallTrialTimedMs timed), kCallTrialRounds rounds each; the lower best-round median wins
 // and is cached.  Why: at the seed AllGather (41-45 ms grids) the cluster-less tile sustained
@@ -349,7 +349,9 @@ std::string ChooseConfig(GemmLaunch& g, cudaStream_t stream) {
   // so it must stay well inside the flag-wait timeout (30 s by default): every config once
   // (CUTLASS's raster heuristic, no swizzle), then both rasterizations (the heuristic picks
   // one by the tile grid's aspect ratio, not always the faster for L2 reuse) x swizzle for the
-  // two fastest configs only: 8 + 2 x 8 variants, 3 launches each in burst mode; coarse
+  // two fastest configs only: n + 2 x 9 variants for n compiled configs (8 stage kernels, 5
+  // fused, bf16 -> bf16; + 9 for a call trial's challenger), and n + 2 x 8 in burst mode,
+  // which does not time the finalists' heuristic raster again: 3 launches each there; coarse
   // mode adds kHeatMs and runs each for kRounds x max(kTrialMs, 2 launches) (seed-shape
   // stage: ~4 s in all); sustained mode adds the turn heat (>= 1 launch) to each turn (seed
   // shape, estimated from launch counts: ~11 s for a stage, ~14 s for the fused two-stage grid).

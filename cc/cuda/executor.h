@@ -38,7 +38,8 @@ struct CallOptions {
   // makes every launch wait for the previous one to finish first.
   bool overlap_stages = true;
   // AllGather: all stages of a call in one persistent grid (sm90_fused_gemm.cuh) where a fused
-  // kernel is compiled for the types and the call has one batch and one chunk per stage;
+  // kernel is compiled for the types (and for the config JAX_DISTGEMM_GEMM_CONFIG forces, if
+  // any), the call has one batch and 1 < TP <= 8 (the shard may arrive in chunks: AgChunks);
   // JAX_DISTGEMM_AG_FUSED=0 (or set_fused_stages(False)) launches one GEMM per stage.
   bool fuse_stages = true;
   // AllGather, fused: the grid itself waits for this device's pushes before it completes

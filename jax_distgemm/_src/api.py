@@ -10,6 +10,9 @@ on x; w is [K, N] or batched like x):
   ReduceScatter1D_TilingB_RotatingC   [.., M, K/TP]  [K/TP, N]      [.., M, N/TP]   = RS_cols(x @ w)
 
 and out = alpha * (...) + beta * c, accumulated in fp32, cast to out_dtype (default x.dtype).
+NOTE: "ffi" reads c in out_dtype (the kernels' epilogue source has the output's type), and on
+CUDA a ReduceScatter's running sums cross devices in out_dtype: with a 16-bit out_dtype that
+rounds more often than "xla" and "reference", which keep fp32 until the end.
 
 implementation: "ffi" (the fused custom call: CUDA on Hopper, or the CPU executor), "xla" (a
 ppermute ring, any backend), "reference" (XLA all_gather + dot / dot + psum_scatter), or None:
