@@ -151,7 +151,8 @@ class ColumnParallelLinear(_ParallelLinear):
     axis: the tensor-parallel mesh axis.
     batch_axis: the mesh axis the first (batch) dim of the input is sharded over, if the
       mesh has it and the input has a batch dim; None: replicated batch.
-    mesh: the mesh (default: the one set with jax.set_mesh).
+    mesh: the mesh (default: the one set with jax.set_mesh, which must then be set when the
+      layer is built too: its parameters are created sharded).
     rngs: nnx.Rngs for the initializers.
   """
 

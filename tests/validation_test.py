@@ -288,6 +288,10 @@ class ValidationTest(absltest.TestCase):
     with self.assertRaisesMsg(ValueError, "schedule: unknown name 'AllGather2D'; expected one "
                               "of ['AllGather1D_TilingCD_RotatingA'"):
       trace(dm("AllGather2D"), AG_A, (16, 8), (8, 16))
+    for bad in (7, 1.0, True, None):
+      with self.assertRaisesMsg(ValueError, "schedule: expected a Schedule, one of the names"):
+        trace(dm(bad), AG_A, (16, 8), (8, 16))
+    self.assertIs(Schedule.parse(2), RS_A)
 
   # -- scalars and timeouts ----------------------------------------------------------------------
 

@@ -56,7 +56,10 @@ class Schedule(enum.IntEnum):
         raise ValueError(
             f"schedule: unknown name {value!r}; expected one of "
             f"{[s.name for s in cls]}") from None
-    return cls(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value in set(cls):
+      return cls(value)
+    raise ValueError(f"schedule: expected a Schedule, one of the names "
+                     f"{[s.name for s in cls]} or their numbers 0-{len(cls) - 1}, got {value!r}")
 
 
 def output_tile(schedule: Schedule, d: int, i: int, tp: int) -> int:
