@@ -303,9 +303,18 @@ class ValidationTest(absltest.TestCase):
       return jax.shard_map(lambda x, w: jd.all_gather_matmul(x, w, axis_name="tp", alpha=s),
                            mesh=mesh, in_specs=(xs, ws), out_specs=os_)(x, w)
     x, w = _sds((16, 8), jnp.float32, mesh, xs), _sds((8, 16), jnp.float32, mesh, ws)
-    with self.assertRaisesMsg(TypeError, "alpha: must be a static Python float, got "
-                              "DynamicJaxprTracer"):
+    with self.assertRaisesMsg(TypeError, "alpha: must be a static Python float (or int, or "
+                              "NumPy scalar), got DynamicJaxprTracer"):
       jax.eval_shape(f, x, w, 2.0)
+
+  def test_alpha_beta_not_finite(self):
+    # 1e300 became inf in the kernels' float32 scalar, with only NumPy's overflow warning.
+    for bad in (1e300, float("nan"), float("inf")):
+      with self.assertRaisesMsg(ValueError, "alpha: must be finite as a float32 (the kernels' "
+                                "epilogue scalar), got"):
+        trace(dm(AG_A, alpha=bad), AG_A, (16, 8), (8, 16))
+    with self.assertRaisesMsg(ValueError, "beta: must be finite as a float32"):
+      trace(dm(AG_A, beta=-1e39), AG_A, (16, 8), (8, 16), c_shape=(16, 16))
 
   def test_non_static_beta(self):
     body = lambda x, w, c: jd.distributed_matmul(x, w, c, axis_name="tp", schedule=AG_A,

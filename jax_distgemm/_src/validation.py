@@ -54,7 +54,11 @@ def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha
   for name, v in (("alpha", alpha), ("beta", beta)):
     if isinstance(v, jax.core.Tracer) or not isinstance(v, (int, float, np.floating,
                                                             np.integer)):
-      raise TypeError(f"{name}: must be a static Python float, got {type(v).__name__}")
+      raise TypeError(f"{name}: must be a static Python float (or int, or NumPy scalar), got "
+                      f"{type(v).__name__}")
+    if not abs(float(v)) <= float(np.finfo(np.float32).max):  # False for nan too
+      raise ValueError(f"{name}: must be finite as a float32 (the kernels' epilogue scalar), "
+                       f"got {v!r}")
   xs, ws = _shape(x), _shape(w)
   if len(xs) < 2:
     raise ValueError(f"x: must have rank >= 2 ([..., rows, contraction]), got shape {xs}")
