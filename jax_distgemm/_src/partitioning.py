@@ -138,7 +138,7 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
           return None, (f"{what}: {axis!r} must be the minor (last) axis of the {name} entry "
                         f"{e}")
         return name, None
-    return "nowhere", None
+    return None, None  # not sharded over `axis`
 
   x_names = [f"batch {i}" for i in range(nb)] + ["M", "K"]
   w_names = [f"batch {i}" for i in range(w_ndim - 2)] + ["K", "N"]
@@ -161,8 +161,9 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
   elif (tx, tw) == ("K", "K"):
     family = "reduce_scatter"
   else:
+    on = lambda what, t: f"{what}'s {t}" if t else f"{what} (not sharded over it)"
     return no(
-        f"{shown}: no collective matmul for {axis!r} on x's {tx} and w's {tw}; the rules "
+        f"{shown}: no collective matmul for {axis!r} on {on('x', tx)} and {on('w', tw)}; the rules "
         f"need x rows ({axis!r} on M) and w columns ({axis!r} on N) sharded (AllGather), or "
         f"both sharded on the contraction K (ReduceScatter)")
 
@@ -187,7 +188,7 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
     to = default
   if to not in candidates:
     return no(f"{shown}: the output must be sharded over {axis!r} on M or N, but "
-              f"out_sharding {_spec(oe)} has it on {to}")
+              f"out_sharding {_spec(oe)} has it " + (f"on {to}" if to else "nowhere"))
   schedule, out = candidates[to]
   used = [a for e in out for a in e]
   if len(used) != len(set(used)):
