@@ -212,6 +212,17 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
     mesh = jax.sharding.Mesh(np.array(test_util.cpu_devices(8)).reshape(2, 4), ("data", "tp"))
     self.check(schedule, mesh=mesh, axis_name=("tp", "data"))
 
+  @parameterized.product(schedule=SCHEDULES, empty=("M", "N"))
+  def test_empty_rows_or_columns(self, schedule, empty):
+    # M = 0 or N = 0 globally: an empty result of the right shape and sharding, no error.
+    mesh = test_util.mesh_1d(4)
+    m, n = (0, N) if empty == "M" else (M, 0)
+    fn, in_specs, out_spec = self.build(schedule, mesh=mesh)
+    x, w, _ = test_util.random_inputs(0, (m, K), (K, n), jnp.float32)
+    out = fn(*(jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, w), in_specs)))
+    self.assertEqual(out.shape, (m, n))
+    self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2))
+
   @parameterized.product(schedule=SCHEDULES)
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)

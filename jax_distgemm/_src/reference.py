@@ -30,11 +30,32 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: fl
   out_dtype = out_dtype or x.dtype
   rows, cols = x.ndim - 2, x.ndim - 1
   if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-    acc = matmul_f32(jax.lax.all_gather(x, axis_name, axis=rows, tiled=True), w)
+    acc = matmul_f32(_all_gather(x, axis_name, rows), w)
   elif schedule == Schedule.AllGather1D_TilingCD_RotatingB:
-    acc = matmul_f32(x, jax.lax.all_gather(w, axis_name, axis=w.ndim - 1, tiled=True))
+    acc = matmul_f32(x, _all_gather(w, axis_name, w.ndim - 1))
   elif schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
-    acc = jax.lax.psum_scatter(matmul_f32(x, w), axis_name, scatter_dimension=rows, tiled=True)
+    acc = _psum_scatter(matmul_f32(x, w), axis_name, rows)
   else:
-    acc = jax.lax.psum_scatter(matmul_f32(x, w), axis_name, scatter_dimension=cols, tiled=True)
+    acc = _psum_scatter(matmul_f32(x, w), axis_name, cols)
   return epilogue(acc, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
+
+
+# NOTE: XLA refuses zero-size all-gathers and reduce-scatters (a verifier error at lowering);
+# where the communicated dim is the empty one, one padded entry travels and is dropped again,
+# so the result has the empty shape and the operand's varying axes.
+
+def _all_gather(a, axis_name, axis: int):
+  if a.shape[axis] == 0:
+    pad = [(0, 1 if d == axis else 0) for d in range(a.ndim)]
+    g = jax.lax.all_gather(jnp.pad(a, pad), axis_name, axis=axis, tiled=True)
+    return jax.lax.slice_in_dim(g, 0, 0, axis=axis)
+  return jax.lax.all_gather(a, axis_name, axis=axis, tiled=True)
+
+
+def _psum_scatter(a, axis_name, dim: int):
+  if a.shape[dim] == 0:
+    tp = jax.lax.axis_size(axis_name)
+    pad = [(0, tp if d == dim else 0) for d in range(a.ndim)]
+    s = jax.lax.psum_scatter(jnp.pad(a, pad), axis_name, scatter_dimension=dim, tiled=True)
+    return jax.lax.slice_in_dim(s, 0, 0, axis=dim)
+  return jax.lax.psum_scatter(a, axis_name, scatter_dimension=dim, tiled=True)
