@@ -174,7 +174,13 @@ def worker(args) -> int:
   import jax_distgemm as jd  # noqa: PLC0415
   from jax_distgemm._src import multiprocess  # noqa: PLC0415
 
-  me = jax.process_index()
+  try:
+    me = jax.process_index()
+  except (RuntimeError, AssertionError) as e:  # no backend of the platform (JAX_PLATFORMS)
+    print(f"process {args.process_id}: no {args.platform} device visible "
+          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): "
+          f"{type(e).__name__} {e}", file=sys.stderr, flush=True)
+    return 2
   if not args.skip_initialize:
     jd.initialize_multiprocess(timeout_s=args.timeout / 2)
     emit("JDG_TOKEN", process=me, token=multiprocess.state().token)
@@ -470,7 +476,25 @@ def records(lines, tag):
   return out
 
 
+def visible_gpus() -> int | None:
+  """GPUs nvidia-smi lists (CUDA_VISIBLE_DEVICES aside), or None where it cannot tell."""
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30,
+                         check=False)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if (
+      out.returncode == 0) else 0
+
+
 def launch(args) -> int:
+  if args.platform == "gpu":
+    need, have = args.num_processes * args.devices_per_process, visible_gpus()
+    if have is not None and have < need:
+      print(f"--platform gpu: {args.num_processes} process(es) x {args.devices_per_process} "
+            f"GPU(s) need {need} GPUs, nvidia-smi lists {have}; nothing launched",
+            file=sys.stderr)
+      return 2
   coordinator = f"127.0.0.1:{free_port()}"
   env = dict(os.environ)
   env["PYTHONUNBUFFERED"] = "1"
