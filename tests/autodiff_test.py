@@ -1,7 +1,7 @@
 """Gradients of the collective matmuls (jax_distgemm/_src/autodiff.py) on 8 fake CPU devices.
 
-Every schedule, implementations "ffi" (the CPU executor) and "xla" (ppermute ring), with and
-without batch dims: the custom VJP is compared with jax.grad of the reference (XLA all_gather +
+Every schedule, implementations "ffi" (the CPU executor) and "xla" (ppermute ring; "reference"
+and None too where the gradient is compared with JAX's), with and without batch dims: the custom VJP is compared with jax.grad of the reference (XLA all_gather +
 dot / dot + psum_scatter, differentiated by JAX itself) and with finite differences
 (jax.test_util.check_grads).  The HLO of the backward shows which collectives it runs.
 """
@@ -83,7 +83,9 @@ class AutodiffTest(parameterized.TestCase):
     err = test_util.rel_err(got, np.asarray(want, np.float64))
     self.assertLess(err, tol, f"{what}: relative error {err:.2e}")
 
-  @parameterized.product(schedule=tuple(Schedule), implementation=("ffi", "xla"),
+  # Every implementation's custom VJP, None (auto) included, against JAX's own gradient.
+  @parameterized.product(schedule=tuple(Schedule),
+                         implementation=("ffi", "xla", "reference", None),
                          batch=tuple(BATCHES))
   def test_grad_matches_reference(self, schedule, implementation, batch):
     (x, w, _), specs = _sharded(self.mesh, schedule, BATCHES[batch], batch == "batched_w")
@@ -98,7 +100,8 @@ class AutodiffTest(parameterized.TestCase):
       self.assertTrue(dx.sharding.is_equivalent_to(x.sharding, x.ndim), dx.sharding)
       self.assertTrue(dw.sharding.is_equivalent_to(w.sharding, w.ndim), dw.sharding)
 
-  @parameterized.product(schedule=tuple(Schedule), implementation=("ffi", "xla"))
+  @parameterized.product(schedule=tuple(Schedule),
+                         implementation=("ffi", "xla", "reference", None))
   def test_epilogue_grads(self, schedule, implementation):
     """alpha scales dx and dw; dc = beta * d out (in c's dtype)."""
     (x, w, c), specs = _sharded(self.mesh, schedule, (2,), False, with_c=True)

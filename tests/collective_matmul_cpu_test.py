@@ -77,6 +77,18 @@ class FfiCpuTest(base.CollectiveMatmulTestBase):
     self.assertEqual(counts, NO_COLLECTIVES | {"collective-permute": 3})
 
 
+class FfiCpuRsRingTest(base.CollectiveMatmulTestBase):
+  """The CPU executor with JAX_DISTGEMM_RS_PATH=remote_c: ReduceScatter as the running-sum ring
+  (the CUDA RotatingC kernels' schedule) everywhere.  NOTE: at the shared cases' shape the
+  automatic path gathers operands wherever it may (unbatched TilingA at every TP), so without
+  this class the ring would run only in the batched cases."""
+  IMPLEMENTATION = "ffi"
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "remote_c"}))
+
+
 class FfiCpuRsGatherTest(base.CollectiveMatmulTestBase):
   """The CPU executor with JAX_DISTGEMM_RS_PATH=gather: ReduceScatter TilingA by gathering
   operands (one batch), the automatic path elsewhere; every shared case must still hold.

@@ -71,7 +71,8 @@ class CudaCorrectnessTest(parameterized.TestCase):
   def test_matches_reference(self, schedule, dtype, shape):
     m, k, n = SHAPES[shape]
     dt = test_util.DTYPES[dtype]
-    x, w, _ = test_util.random_inputs(hash((schedule, dtype, shape)) % 2**31, (m, k), (k, n), dt)
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, dtype, shape), (m, k), (k, n),
+                                      dt)
     f, args = run_global(schedule, x, w)
     for rep in range(2):  # the second call reuses the workspace (other parity)
       out = f(*args)
@@ -246,7 +247,7 @@ class CudaFusedStagesTest(parameterized.TestCase):
     # A shape per case, so that each case tunes (and so lists) its own launches.
     variant = 4 * (schedule == Schedule.AllGather1D_TilingCD_RotatingB) + 2 * with_c + fused
     m += 16 * TP * variant
-    x, w, _ = test_util.random_inputs(hash((schedule, fused, with_c)) % 2**31, (m, k), (k, n),
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, fused, with_c), (m, k), (k, n),
                                       jnp.bfloat16)
     c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), jnp.bfloat16)
          if with_c else None)
@@ -268,7 +269,7 @@ class CudaFusedStagesTest(parameterized.TestCase):
     m, k, n = (extent * TP, 512, 768) if rot_a else (512, 512, extent * TP)
     # A shape per case, so that each case tunes (and so lists) its own launches.
     k += 64 * (4 * (not rot_a) + 2 * (chunks == 4) + (extent == 640))
-    x, w, _ = test_util.random_inputs(hash((schedule, chunks, extent)) % 2**31, (m, k), (k, n),
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, chunks, extent), (m, k), (k, n),
                                       jnp.bfloat16)
     try:
       tuned = tuned_lines_of_three_calls(self, schedule, x, w)
@@ -419,7 +420,7 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     variant = (4 * (path == "push") + 2 * (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC)
                + (mode == "all"))
     m += 16 * TP * (variant + 8)  # a shape per case: each tunes (and so lists) its launches
-    x, w, _ = test_util.random_inputs(hash((schedule, mode, path, shape)) % 2**31, (m, k),
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, mode, path, shape), (m, k),
                                       (k, n), jnp.bfloat16)
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     fused = ["fused stages=2" in line for line in tuned]
@@ -488,7 +489,7 @@ class CudaCopyRingTest(parameterized.TestCase):
     variant = 12 * (not tiling_a) + 6 * (mode == "0") + 2 * [1, 2, 4].index(chunks) + (
         rows == "uneven")
     n = 512 + 32 * variant
-    x, w, _ = test_util.random_inputs(hash((schedule, mode, chunks, rows)) % 2**31, (m, k),
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, mode, chunks, rows), (m, k),
                                       (k, n), jnp.bfloat16)
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     per_stage = batches[chunks] if mode == "1" else None
@@ -534,7 +535,7 @@ class CudaRsGatherTest(parameterized.TestCase):
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
     m, k, n = SHAPES[shape]
     m += 16 * TP * (3 + with_c + 2 * (mode == "1"))  # a shape of its own: it tunes in the call
-    x, w, _ = test_util.random_inputs(hash(("gather", shape, with_c)) % 2**31, (m, k), (k, n),
+    x, w, _ = test_util.random_inputs(test_util.seed_of("gather", shape, with_c), (m, k), (k, n),
                                       jnp.bfloat16)
     c = None
     if with_c:

@@ -55,6 +55,7 @@ class FlaxExampleTest(parameterized.TestCase):
     # An impossible tolerance must make the example fail (its check can fail).
     proc, _ = run_example(["--rtol=0", "--steps=3", "--implementation=xla"])
     rows = re.findall(rf"^\s*(\d+)\s+{FLOAT}\s+{FLOAT}\s+([0-9.e+-]+)", proc.stdout, flags=re.M)
+    self.assertLen(rows, 3, proc.stdout)  # one per step, else the branch below proves nothing
     if all(float(r[3]) == 0.0 for r in rows):  # bit-identical curves: rtol=0 passes honestly
       self.assertIn("Disposition: Passed", proc.stdout)
       self.assertEqual(proc.returncode, 0)

@@ -155,6 +155,9 @@ class LayerCases:
     with jax.set_mesh(self.mesh):
       mlp = tp_nnx.ParallelMLP(D_IN, D_OUT * 2, rngs=nnx.Rngs(1), dtype=self.DTYPE,
                                implementation=implementation)
+      for seed, lay in ((11, mlp.up), (12, mlp.down)):  # nonzero biases (the init is zeros)
+        lay.bias[...] = jax.device_put(
+            random_x(seed, lay.bias.shape, lay.bias[...].dtype), lay.bias[...].sharding)
       x = jax.device_put(random_x(9, (B, S, D_IN)),
                          NamedSharding(self.mesh, P("data", "tp", None)))
       y = mlp(x)

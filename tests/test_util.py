@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import unittest
+import zlib
 from unittest import mock
 
 os.environ.setdefault("XLA_FLAGS", "")
@@ -122,6 +123,12 @@ def reference_np(x, w, c=None, *, alpha=1.0, beta=0.0):
 def rel_err(out, ref) -> float:
   out = np.asarray(out, np.float64)
   return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def seed_of(*parts) -> int:
+  """A data seed from a case's parameters, the same in every process (hash() of a str is
+  salted per process, so two runs of a GPU test would draw different data)."""
+  return zlib.crc32(repr(parts).encode()) % 2**31
 
 
 def collectives_in_hlo(hlo_text: str) -> dict[str, int]:

@@ -504,8 +504,9 @@ class HandlerValidationTest(absltest.TestCase):
   """
 
   def run_bound(self, schedule, x_shape, w_shape, *, dtype=jnp.float32, out_dtype=jnp.float32,
-                c_shape=None):
-    """Binds distgemm_p inside shard_map (no Python validation) and runs it on TP=4 devices."""
+                c_shape=None, inputs=None):
+    """Binds distgemm_p inside shard_map (no Python validation) and runs it on TP=4 devices
+    (on all-ones operands, or the global `inputs` (x, w))."""
     mesh = tu.mesh_1d(TP)
     xs, ws, os_ = tu.specs(schedule, len(x_shape) - 2)
     in_specs = (xs, ws) + ((P(),) if c_shape is not None else ())
@@ -515,8 +516,9 @@ class HandlerValidationTest(absltest.TestCase):
                              tp=TP, alpha=1.0, beta=1.0 if c else 0.0, out_dtype=out_dtype,
                              timeout_ms=2000)
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=os_))
-    x = jax.device_put(jnp.ones(x_shape, dtype), NamedSharding(mesh, xs))
-    w = jax.device_put(jnp.ones(w_shape, dtype), NamedSharding(mesh, ws))
+    x, w = inputs or (jnp.ones(x_shape, dtype), jnp.ones(w_shape, dtype))
+    x = jax.device_put(x, NamedSharding(mesh, xs))
+    w = jax.device_put(w, NamedSharding(mesh, ws))
     args = (x, w)
     if c_shape is not None:
       args += (jax.device_put(jnp.ones(c_shape, jnp.float32), NamedSharding(mesh, P())),)
@@ -529,8 +531,11 @@ class HandlerValidationTest(absltest.TestCase):
     self.assertProcessUsable()
 
   def assertProcessUsable(self):
-    out = self.run_bound(RS_B, (8, 16), (16, 8))  # x, w all ones: every entry is K = 16
-    np.testing.assert_array_equal(out, np.full((8, 8), 16.0, np.float32))
+    # Fresh random operands (all ones would hide a misplaced tile or a stale output).
+    self._usable_calls = getattr(self, "_usable_calls", 0) + 1
+    x, w, _ = tu.random_inputs(100 + self._usable_calls, (8, 16), (16, 8), jnp.float32)
+    out = self.run_bound(RS_B, (8, 16), (16, 8), inputs=(x, w))
+    self.assertLess(tu.rel_err(out, tu.reference_np(x, w)), 1e-5)
 
   def test_handler_mismatched_contraction_dim(self):
     self.assertHandlerError("x, w: contraction dims must match (x[..., K] with w[K, N]), got "
