@@ -3,7 +3,7 @@
 Skipped only where no pair of Hopper (sm_90) GPUs is visible.  With
 JAX_DISTGEMM_REQUIRE_GPU=1 (tools/gpu_check.sh) a missing GPU or a missing CUDA extension is a
 failure instead.  Outputs are poisoned with NaN before every call
-(JAX_DISTGEMM_POISON_OUTPUT=1, set below before the executor reads it), so a tile the kernels
+(JAX_DISTGEMM_POISON_OUTPUT=1, set by test_util before the executor reads it), so a tile the kernels
 never write fails the comparison.
 """
 
@@ -14,9 +14,7 @@ import os
 import re
 import time
 
-os.environ.setdefault("JAX_DISTGEMM_POISON_OUTPUT", "1")
-
-import test_util  # noqa: E402,I001  (fake CPU devices before JAX initializes)
+import test_util  # noqa: E402,I001  (fake CPU devices, poisoned outputs, before JAX starts)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -71,10 +69,16 @@ class CudaCorrectnessTest(parameterized.TestCase):
   def test_matches_reference(self, schedule, dtype, shape):
     m, k, n = SHAPES[shape]
     dt = test_util.DTYPES[dtype]
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, dtype, shape), (m, k), (k, n),
-                                      dt)
-    f, args = run_global(schedule, x, w)
-    for rep in range(2):  # the second call reuses the workspace (other parity)
+    f = None
+    # Fresh data every call: calls 0 and 2 share a workspace parity, so a call that read a
+    # slot before its peer's push landed would find call 0's data there, not its own.
+    for rep in range(3):
+      x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, dtype, shape, rep), (m, k),
+                                        (k, n), dt)
+      if f is None:
+        f, args = run_global(schedule, x, w)
+      else:
+        args, _ = test_util.place(gpu_mesh(), test_util.specs(schedule, 0), x, w, None)
       out = f(*args)
       err = test_util.rel_err(out, test_util.reference_np(x, w))
       self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), "unwritten output (NaN)")
@@ -323,8 +327,9 @@ class CudaCallTrialTest(absltest.TestCase):
     for line in fused:  # a trial unless the tuner already chose the cluster-less tile
       self.assertNotEqual("call trial running" in line,
                           "Cooperative 128x256x64 cluster 1x1" in line, line)
-    if not trials:
-      return
+    if not trials:  # checked above: no trial because each tuner chose the challenger itself
+      self.skipTest("both devices' tuners chose the cluster-less 128x256 tile: no call trial ran "
+                    "to check (its absence was checked)")
     # Turn lengths come from the problem's FLOPs, not a timing: every device counts the same.
     lengths = {re.search(r"call trial running \(call \d+ of (\d+)\)", line).group(1)
                for line in fused if "call trial running" in line}
@@ -362,17 +367,27 @@ class CudaCallTrialTest(absltest.TestCase):
 
 def check_alternating_calls(test, shapes, seed):
   """200 back-to-back ReduceScatter (TilingA) calls alternating two shapes, nothing blocking in
-  between (slots, flags and pointer tables cycle through both parities): the first two and the
-  last two match the reference."""
+  between (slots, flags and pointer tables cycle through both parities): every call matches
+  the reference.  Each shape cycles through three input sets, so two calls of one parity never
+  read the same data: a call that read a slot its peer had not yet written would find the
+  previous call's running sums there, and fail."""
   schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
   cases = []
   for i, (m, k, n) in enumerate(shapes):
-    x, w, _ = test_util.random_inputs(seed + i, (m, k), (k, n), jnp.bfloat16)
-    f, args = run_global(schedule, x, w)
-    cases.append((f, args, test_util.reference_np(x, w)))
-  outs = [cases[i % 2][0](*cases[i % 2][1]) for i in range(200)]
-  for i in (0, 1, 198, 199):
-    test.assertLess(test_util.rel_err(outs[i], cases[i % 2][2]), 1e-2, f"call {i}")
+    sets = [test_util.random_inputs(seed + 10 * i + j, (m, k), (k, n), jnp.bfloat16)[:2]
+            for j in range(3)]
+    f, first = run_global(schedule, *sets[0])
+    placed = [first] + [test_util.place(gpu_mesh(), test_util.specs(schedule, 0), x, w)[0]
+                        for x, w in sets[1:]]
+    cases.append((f, placed, [test_util.reference_np(x, w) for x, w in sets]))
+  pick = lambda i: (cases[i % 2], (i // 2) % 3)
+  outs = []
+  for i in range(200):
+    (f, placed, _), j = pick(i)
+    outs.append(f(*placed[j]))
+  for i, out in enumerate(outs):
+    (_, _, refs), j = pick(i)
+    test.assertLess(test_util.rel_err(out, refs[j]), 1e-2, f"call {i}")
 
 
 def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
