@@ -365,6 +365,13 @@ class CudaCallTrialTest(absltest.TestCase):
         self.assertLess(abs(a - b), 0.03 * max(a, b), done)
 
 
+def rs_paths():
+  """(ordinal, data path) of the TP group's devices' last ReduceScatter call, by ordinal."""
+  ordinals = [d.local_hardware_id for d in GPUS[:TP]]
+  rows = ffi_modules.module_for("cuda").last_rs_paths()
+  return sorted((o, path) for o, group, path in rows if group == ordinals)
+
+
 def check_alternating_calls(test, shapes, seed):
   """200 back-to-back ReduceScatter (TilingA) calls alternating two shapes, nothing blocking in
   between (slots, flags and pointer tables cycle through both parities): every call matches
@@ -440,6 +447,7 @@ class CudaFusedReduceScatterTest(parameterized.TestCase):
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     fused = ["fused stages=2" in line for line in tuned]
     self.assertEqual([mode == "all"] * len(tuned), fused, tuned)
+    self.assertEqual(rs_paths(), sorted((d.local_hardware_id, path) for d in GPUS[:TP]), tuned)
 
   @parameterized.parameters(None, "1")
   def test_stage_launches_by_default_fused_on_request(self, mode):
@@ -539,9 +547,7 @@ class CudaRsGatherTest(parameterized.TestCase):
     super().tearDown()
 
   def paths(self):
-    ordinals = [d.local_hardware_id for d in GPUS[:TP]]
-    rows = ffi_modules.module_for("cuda").last_rs_paths()
-    return sorted((o, path) for o, group, path in rows if group == ordinals)
+    return rs_paths()
 
   @parameterized.product(shape=list(SHAPES), with_c=[False, True], mode=["0", "1"])
   def test_matches_reference(self, shape, with_c, mode):
@@ -594,8 +600,10 @@ class CudaRsGatherTest(parameterized.TestCase):
     ref = test_util.reference_np(x, w)
     f, args = run_global(schedule, x, w)
     for i in range(6):
-      os.environ["JAX_DISTGEMM_RS_PATH"] = "gather" if i % 2 else "copy_ring"
+      want = "gather" if i % 2 else "copy_ring"
+      os.environ["JAX_DISTGEMM_RS_PATH"] = want
       self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {i}")
+      self.assertEqual(self.paths(), sorted((d.local_hardware_id, want) for d in GPUS[:TP]), i)
 
   @parameterized.parameters("0", "1")
   def test_missing_peer_push_times_out_and_recovers(self, mode):
