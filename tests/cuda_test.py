@@ -219,14 +219,20 @@ def new_tuning_lines(module):
 
 def tuned_lines_of_three_calls(test, schedule, x, w, c=None, *, alpha=1.0, beta=0.0):
   """Three calls (both parities of the slots and pointer tables; per-stage counters reset), each
-  free of NaN (tiles never written) and within 1e-2 of the reference.  Returns the tuning-table
-  lines the case added: the launches it tuned, which tell the path it took (fused launches
-  list their stages)."""
+  free of NaN (tiles never written) and within 1e-2 of the reference.  Calls 1 and 2 draw fresh
+  x and w: calls 0 and 2 share a parity, so a call that read a slot before its peer wrote it
+  would find call 0's data there.  Returns the tuning-table lines the case added: the launches
+  it tuned, which tell the path it took (fused launches list their stages)."""
   module = ffi_modules.module_for("cuda")
   ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
   with new_tuning_lines(module) as tuned:
     f, args = run_global(schedule, x, w, c, alpha=alpha, beta=beta)
     for rep in range(3):
+      if rep:
+        x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, x.shape, w.shape, rep),
+                                          x.shape, w.shape, x.dtype)
+        args, _ = test_util.place(gpu_mesh(), test_util.specs(schedule, x.ndim - 2), x, w, c)
+        ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
       out = f(*args)
       test.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
       test.assertLess(test_util.rel_err(out, ref), 1e-2, f"call {rep}")
