@@ -231,6 +231,10 @@ class ExplicitPathTest(parameterized.TestCase):
       self.assertEqual(partitioning._trim(out.sharding.spec), partitioning._trim(out_spec))
       c = counts(f, xd, wd)
       self.assertEqual((c["jax_distgemm"], c["all-gather"], c["reduce-scatter"]), (1, 0, 0), c)
+      # out_sharding as a NamedSharding on the concrete mesh, the operands' being abstract.
+      out = jax.jit(lambda a, b: jax_distgemm.collective_matmul(
+          a, b, out_sharding=NamedSharding(mesh, out_spec)))(xd, wd)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
       # The plain-dot fallback in Explicit mode (replicated output requested).
       out = jax.jit(lambda a, b: jax_distgemm.collective_matmul(
           a, b, out_sharding=P("data"), fallback="dot"))(xd, wd)

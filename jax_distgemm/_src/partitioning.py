@@ -43,7 +43,6 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax._src import core
 from jax._src import mesh as mesh_lib
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -294,10 +293,9 @@ def _check_out_mesh(out_mesh, mesh):
   if out_mesh is None or mesh is None:
     return
 
-  def layout(m):  # an AbstractMesh (jax.set_mesh's, under jit) has names but no devices
-    devices = getattr(m, "devices", None)
-    ids = None if devices is None else np.vectorize(lambda d: d.id)(devices).tolist()
-    return tuple(m.axis_names), ids
+  def layout(m):  # an AbstractMesh (Explicit axes under jit) has names but no devices
+    abstract = isinstance(m, jax.sharding.AbstractMesh)
+    return tuple(m.axis_names), None if abstract else m.device_ids.tolist()
 
   (names, devs), (want_names, want_devs) = layout(mesh), layout(out_mesh)
   if names != want_names or None not in (devs, want_devs) and devs != want_devs:
