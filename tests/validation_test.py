@@ -214,7 +214,7 @@ class ValidationTest(absltest.TestCase):
             with self.assertRaisesMsg(validation.GroupUnreachableError, "spans hosts (test)"):
               f(*args)
             continue
-          with (mock.patch.object(primitives, "_warned", set()),
+          with (mock.patch.object(config, "_warned", set()),
                 self.assertLogs("jax_distgemm", "WARNING") as logs):
             hlo = f.lower(*args).compile().as_text()
           self.assertIn("implementation=None runs the XLA ring here, not the fused FFI call: "

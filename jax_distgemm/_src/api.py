@@ -26,7 +26,6 @@ call's place, with a warning (primitives._lowering).
 
 from __future__ import annotations
 
-import logging
 from typing import Callable
 
 import jax
@@ -37,8 +36,6 @@ from jax_distgemm._src import autodiff, config, primitives, reference, validatio
 from jax_distgemm._src.schedules import Schedule
 
 IMPLEMENTATIONS = ("ffi", "xla", "reference")
-_log = logging.getLogger("jax_distgemm")
-_warned_unpartitioned: set[tuple] = set()  # (implementation, axes) warned about
 
 
 def _current_platform() -> str:
@@ -84,9 +81,9 @@ def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms
   reason = ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp)
   if reason:
     raise NotImplementedError(f"jax_distgemm implementation='ffi': {reason}")
-  if (auto := unpartitioned_axes()) and ("ffi", auto) not in _warned_unpartitioned:
-    _warned_unpartitioned.add(("ffi", auto))
-    _log.warning(
+  if auto := unpartitioned_axes():
+    config.warn_once(
+        ("ffi", auto),
         "jax_distgemm implementation='ffi': the enclosing shard_map leaves mesh axes %s to the "
         "partitioner; the custom call cannot be split along them, so XLA gathers its operands "
         "and every replica computes the whole call (make them manual, or use "
@@ -138,12 +135,11 @@ def _resolve(x, w, p: autodiff.Params) -> str:
     return name
   if auto := unpartitioned_axes():
     # The ring partitions along them; the custom call would repeat the work on every replica.
-    if (None, auto) not in _warned_unpartitioned:
-      _warned_unpartitioned.add((None, auto))
-      _log.warning("jax_distgemm: implementation=None runs the XLA ring here, not the fused "
-                   "FFI call: the enclosing shard_map leaves mesh axes %s to the partitioner, "
-                   "along which the custom call cannot be split (make them manual for the "
-                   "fused call)", auto)
+    config.warn_once((None, auto),
+                     "jax_distgemm: implementation=None runs the XLA ring here, not the fused "
+                     "FFI call: the enclosing shard_map leaves mesh axes %s to the partitioner, "
+                     "along which the custom call cannot be split (make them manual for the "
+                     "fused call)", auto)
     return "xla"
   if ffi_unsupported_reason(_current_platform(), x, w, p.out_dtype, p.schedule, p.tp) is None:
     return "ffi"

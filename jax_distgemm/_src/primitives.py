@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import logging
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from jax._src import sharding_impls
 from jax._src.interpreters import batching
 
 from jax_distgemm import ffi as ffi_modules
+from jax_distgemm._src import config
 from jax_distgemm._src import multiprocess
 from jax_distgemm._src import validation
 from jax_distgemm._src import xla_ring
@@ -138,17 +138,11 @@ def register_device_ids(platform: str):
   _registered_device_ids.add(platform)
 
 
-_log = logging.getLogger("jax_distgemm")
-_warned: set[str] = set()
-
-
 def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, why: str):
   """implementation=None's way out at lowering time: the XLA ring (xla_ring) in place of the
   custom call, same operands and result.  Warns once per reason."""
-  if why not in _warned:
-    _warned.add(why)
-    _log.warning("jax_distgemm: implementation=None runs the XLA ring here, not the fused "
-                 "FFI call: %s", why)
+  config.warn_once(("lowering", why), "jax_distgemm: implementation=None runs the XLA ring "
+                   "here, not the fused FFI call: %s", why)
 
   def ring(x, w, *c):
     return xla_ring.distributed_matmul(x, w, c[0] if c else None, axis_name=axis_name,
