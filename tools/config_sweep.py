@@ -133,8 +133,7 @@ def sweep_local_case(case, index, devices, opts, args, log, monitor=None):
   key = jax.random.fold_in(jax.random.key(opts.seed), index)
   # The benchmark's own stage operands (batched when case.l > 1), so the rows are its ratio's.
   sets = bench_lib.stage_rotating_sets(jax.random.fold_in(key, 2), case, devices[0], opts)
-  xla = bench_lib.ideal_fn(dataclasses.replace(case, alpha=1.0, beta=0.0))
-  xla = xla.lower(*sets[0]).compile()
+  xla = bench_lib.stage_dot_fn(case).lower(*sets[0]).compile()
   ours = jax.jit(bench_lib.local_stage_fn(case, devices[0])).lower(*sets[0]).compile()
   named_envs = variants(args, fused_kernel=False, reduce_scatter=False)
   rows = time_rows(f"{case.label} stage", xla, sets, ours, sets, xla, named_envs, opts, log,

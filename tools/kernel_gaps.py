@@ -166,10 +166,8 @@ def distributed_rows(jax, bl, case, key, devices, mesh, opts, args):
 def local_rows(jax, bl, case, key, device, opts, ours_env):
   """The --local rows: the stage shape on `device`, XLA's dot and ours at TP=1, one set of
   stage-shaped operands for all (as the benchmark's local-GEMM ratio)."""
-  import dataclasses  # noqa: PLC0415
   sets = bl.stage_rotating_sets(jax.random.fold_in(key, 2), case, device, opts)
-  stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
-  rows = [("local_xla_dot", bl.ideal_fn(stage_case), sets, {})]
+  rows = [("local_xla_dot", bl.stage_dot_fn(case), sets, {})]
   ours = jax.jit(bl.local_stage_fn(case, device))
   rows.append(("local_ffi", ours, sets, {}))
   for name, value in ours_env:

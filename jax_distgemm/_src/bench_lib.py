@@ -479,6 +479,12 @@ def hlo_summary(hlo_text: str) -> dict:
   return counts
 
 
+def stage_dot_fn(case: Case):
+  """XLA's dot of `case`'s stage shape (alpha 1, beta 0: our stage GEMM's own problem), on
+  stage_rotating_sets' operands: the baseline of the local-GEMM ratio."""
+  return ideal_fn(dataclasses.replace(case, alpha=1.0, beta=0.0))
+
+
 def local_stage_fn(case: Case, device):
   """Our stage GEMM of `case` alone: the fused op at TP=1 on `device`.  With a single rank its
   schedule is exactly one stage GEMM (autotuned like every stage), no peers, no waits.  Timed
@@ -834,8 +840,7 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
 
     def prep_stage():
       s = stage_rotating_sets(jax.random.fold_in(key, 2), case, devices[0], opts)
-      stage_case = dataclasses.replace(case, alpha=1.0, beta=0.0)
-      return s, ideal_fn(stage_case).lower(*s[0]).compile()
+      return s, stage_dot_fn(case).lower(*s[0]).compile()
 
     got, fail = guarded(prep_stage)
     data["local_gemm"] = {"stage_shape": [sm, sk, sn]}
