@@ -40,12 +40,17 @@ def gpu_mesh(tp=TP):
   return jax.sharding.Mesh(np.array(GPUS[:tp]), ("tp",))
 
 
+def place_global(schedule, x, w, c=None, *, mesh=None, w_batched=False):
+  """Global x, w (and c) placed on the GPU mesh as `schedule` takes them: (arrays, in_specs)."""
+  specs = test_util.specs(schedule, x.ndim - 2, w_batched=w_batched)
+  return test_util.place(mesh or gpu_mesh(), specs, x, w, c)
+
+
 def run_global(schedule, x, w, c=None, *, alpha=1.0, beta=0.0, out_dtype=None,
                implementation="ffi", mesh=None, w_batched=False, timeout_ms=None):
   mesh = mesh or gpu_mesh()
-  batch_ndim = x.ndim - 2
-  xs, ws, os_ = test_util.specs(schedule, batch_ndim, w_batched=w_batched)
-  args, in_specs = test_util.place(mesh, (xs, ws, os_), x, w, c)
+  _, _, os_ = test_util.specs(schedule, x.ndim - 2, w_batched=w_batched)
+  args, in_specs = place_global(schedule, x, w, c, mesh=mesh, w_batched=w_batched)
 
   def body(a, b, *rest):
     return jd.distributed_matmul(a, b, rest[0] if rest else None, axis_name="tp",
@@ -69,17 +74,13 @@ class CudaCorrectnessTest(parameterized.TestCase):
   def test_matches_reference(self, schedule, dtype, shape):
     m, k, n = SHAPES[shape]
     dt = test_util.DTYPES[dtype]
-    f = None
     # Fresh data every call: calls 0 and 2 share a workspace parity, so a call that read a
     # slot before its peer's push landed would find call 0's data there, not its own.
-    for rep in range(3):
-      x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, dtype, shape, rep), (m, k),
-                                        (k, n), dt)
-      if f is None:
-        f, args = run_global(schedule, x, w)
-      else:
-        args, _ = test_util.place(gpu_mesh(), test_util.specs(schedule, 0), x, w, None)
-      out = f(*args)
+    sets = [test_util.random_inputs(test_util.seed_of(schedule, dtype, shape, rep), (m, k),
+                                    (k, n), dt)[:2] for rep in range(3)]
+    f, _ = run_global(schedule, *sets[0])
+    for rep, (x, w) in enumerate(sets):
+      out = f(*place_global(schedule, x, w)[0])
       err = test_util.rel_err(out, test_util.reference_np(x, w))
       self.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), "unwritten output (NaN)")
       self.assertLess(err, test_util.REL_TOL[jnp.dtype(dt)], f"call {rep}")
@@ -231,7 +232,7 @@ def tuned_lines_of_three_calls(test, schedule, x, w, c=None, *, alpha=1.0, beta=
       if rep:
         x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, x.shape, w.shape, rep),
                                           x.shape, w.shape, x.dtype)
-        args, _ = test_util.place(gpu_mesh(), test_util.specs(schedule, x.ndim - 2), x, w, c)
+        args, _ = place_global(schedule, x, w, c)
         ref = test_util.reference_np(x, w, c, alpha=alpha, beta=beta)
       out = f(*args)
       test.assertFalse(np.isnan(np.asarray(out, np.float32)).any(), f"unwritten output, {rep}")
@@ -389,9 +390,8 @@ def check_alternating_calls(test, shapes, seed):
   for i, (m, k, n) in enumerate(shapes):
     sets = [test_util.random_inputs(seed + 10 * i + j, (m, k), (k, n), jnp.bfloat16)[:2]
             for j in range(3)]
-    f, first = run_global(schedule, *sets[0])
-    placed = [first] + [test_util.place(gpu_mesh(), test_util.specs(schedule, 0), x, w)[0]
-                        for x, w in sets[1:]]
+    f, _ = run_global(schedule, *sets[0])
+    placed = [place_global(schedule, x, w)[0] for x, w in sets]
     cases.append((f, placed, [test_util.reference_np(x, w) for x, w in sets]))
   pick = lambda i: (cases[i % 2], (i // 2) % 3)
   outs = []
