@@ -32,6 +32,14 @@
 //   -DPROBE_SET=6 (the wide tiles' partial last wave; session 19): stream-K (Heuristic) on
 //     coop256x192 c1x1 (18.2 waves at 4096 x 4096 x 28672), data-parallel and stream-K, and on
 //     coop256x160 c2x1 (21.8 waves) and the baseline (27.2 waves); needs the extended shapes
+//   -DPROBE_SET=7 (skinny stages, decode-like M; 2026-12-02, session 21): one wave of tiles or
+//     less, each CTA alone on the whole k, so the weight streams from too few SMs.  Baseline
+//     here: pp128x128 c1x2, the tuner's pick at these stages; against it
+//     coop128x128 c1x1 sk     stream-K, Heuristic decomposition (stream-K below one wave)
+//     coop128x128 c1x1 splitk split-K into about sm_count / tiles splits
+//     coop128x256 c1x1 sk     the wider tile, stream-K
+//     coop128x128 c1x1        data-parallel control
+//     and each row's weight bandwidth (bytes of B / time)
 //
 // Sustained timing, as our tuner does: per turn ~100 ms untimed then >= 30 ms timed; the
 // variants take turns, 5 rounds, median; normal bf16 operands (tools/probe_common.cuh).  Also
@@ -64,8 +72,10 @@ using AutoTile = cutlass::epilogue::collective::EpilogueTileAuto;
 
 // -- Variants ------------------------------------------------------------------------------
 template <class Tile, class Cluster, class EpiTile, class EpiSchedule, class KernelSchedule,
-          class Sched = cutlass::gemm::PersistentScheduler>
+          class Sched = cutlass::gemm::PersistentScheduler, bool kSplitK_ = false>
 struct G {
+  static constexpr bool kSplitK = kSplitK_;
+  static constexpr int kTileM = cute::size<0>(Tile{}), kTileN = cute::size<1>(Tile{});
   using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float,
       void, cutlass::layout::RowMajor, 8, T, cutlass::layout::RowMajor, 8,
@@ -86,10 +96,15 @@ using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using PingpongEpi = cutlass::epilogue::TmaWarpSpecialized;
 using T128x256 = Shape<_128, _256, _64>;
-#if PROBE_SET >= 5 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+#if (PROBE_SET == 5 || PROBE_SET == 6) && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #error "-DPROBE_SET=5 and 6 need -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (64x160 wgmma atoms)"
 #endif
+#if PROBE_SET == 7
+using V0 = G<Shape<_128, _128, _64>, Shape<_1, _2, _1>, AutoTile,
+             cutlass::epilogue::TmaWarpSpecialized, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+#else
 using V0 = G<T128x256, C2, AutoTile, Cooperative, Coop>;
+#endif
 #if PROBE_SET == 1
 using V1 = G<T128x256, C2, Shape<_128, _64>, Cooperative, Coop>;
 using V2 = G<T128x256, C2, Shape<_128, _128>, Cooperative, Coop>;
@@ -133,8 +148,17 @@ using V3 = G<Shape<_256, Int<160>, _64>, C2, AutoTile, Cooperative, Coop, SK>;
 using V4 = G<T128x256, C2, AutoTile, Cooperative, Coop, SK>;
 const char* kNames[] = {"coop128x256 c2x1", "coop256x192 c1x1", "coop256x192 c1x1 sk",
                         "coop256x160 c2x1 sk", "coop128x256 c2x1 sk"};
+#elif PROBE_SET == 7
+using SK = cutlass::gemm::StreamKScheduler;
+using T128x128 = Shape<_128, _128, _64>;
+using V1 = G<T128x128, C1, AutoTile, Cooperative, Coop, SK>;
+using V2 = G<T128x128, C1, AutoTile, Cooperative, Coop, SK, /*kSplitK=*/true>;
+using V3 = G<T128x256, C1, AutoTile, Cooperative, Coop, SK>;
+using V4 = G<T128x128, C1, AutoTile, Cooperative, Coop>;
+const char* kNames[] = {"pp128x128 c1x2", "coop128x128 c1x1 sk", "coop128x128 c1x1 splitk",
+                        "coop128x256 c1x1 sk", "coop128x128 c1x1"};
 #else
-#error "-DPROBE_SET=1 (epilogue), 2 (Pingpong tiles), 3 (stream-K x subtiles), 4 (tile widths), 5 (160-wide) or 6 (stream-K, wide tiles)"
+#error "-DPROBE_SET=1 (epilogue), 2 (Pingpong tiles), 3 (stream-K x subtiles), 4 (tile widths), 5 (160-wide), 6 (stream-K, wide tiles) or 7 (skinny stages)"
 #endif
 constexpr int kVariants = 5;
 
@@ -154,6 +178,12 @@ struct Runner : RunnerBase {
   }
   bool Init(int m, int n, int k, T* a, T* b, T* d) override {
     auto args = probe::GemmArguments<typename Gm::K>(m, n, k, a, b, d, /*raster=*/1);
+    if constexpr (Gm::kSplitK) {  // about one wave of (tile, split) units
+      using Mode = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams::DecompositionMode;
+      int tiles = ((m + Gm::kTileM - 1) / Gm::kTileM) * ((n + Gm::kTileN - 1) / Gm::kTileN);
+      args.scheduler.decomposition_mode = Mode::SplitK;
+      args.scheduler.splits = std::max(1, std::min(args.hw_info.sm_count / tiles, k / 256));
+    }
     if (op.can_implement(args) != cutlass::Status::kSuccess) return false;
     if (size_t bytes = Gm::A::get_workspace_size(args); bytes != 0) cudaMalloc(&ws, bytes);
     saved = args;
@@ -164,11 +194,21 @@ struct Runner : RunnerBase {
 };
 
 int main() {
+#if PROBE_SET == 7
+  // (m, k, n): AllGather stages of (M, 8192, 8192) at TP=2, ReduceScatter stages of the same,
+  // a 70B-like MLP's (M, 8192, 28672) at TP=2 (AllGather, then its ReduceScatter), and one
+  // stage of two waves.
+  int shapes[][3] = {{16, 8192, 4096},   {64, 8192, 4096},   {256, 8192, 4096},
+                     {512, 8192, 4096},  {32, 4096, 8192},   {128, 4096, 8192},
+                     {512, 4096, 8192},  {16, 8192, 14336},  {16, 14336, 8192},
+                     {128, 8192, 14336}, {1024, 8192, 4096}};
+#else
   // (m, k, n) of the suite's stages at TP=2 (docs/performance.md), largest first.
   int shapes[][3] = {{8192, 16384, 53248}, {8192, 8192, 106496}, {4096, 4096, 28672},
                      {4096, 8192, 14336},  {2048, 8192, 4096},   {2048, 4096, 8192},
                      {4096, 4096, 2048},   {4096, 2048, 4096},   {1024, 8192, 4096},
                      {1024, 4096, 8192}};
+#endif
   size_t maxa = 8192ull * 16384, maxb = 16384ull * 106496, maxd = 8192ull * 106496;
   T *a, *b, *d;
   cudaMalloc(&a, maxa * 2);
@@ -220,8 +260,8 @@ int main() {
       std::sort(t[v].begin(), t[v].end());
       float med = t[v][2];
       if (v == 0) base = med;
-      printf(" %s %.4f ms (%.0f TF/s, x%.3f, diff %.3g);", kNames[v], med, flop / med / 1e9,
-             base / med, maxdiff[v]);
+      printf(" %s %.4f ms (%.0f TF/s, B %.0f GB/s, x%.3f, diff %.3g);", kNames[v], med,
+             flop / med / 1e9, 2.0 * k * n / med / 1e6, base / med, maxdiff[v]);
     }
     printf(" err %s\n", cudaGetErrorString(cudaGetLastError()));
     fflush(stdout);
