@@ -6,6 +6,7 @@ Examples (2x H200):
   python -m jax_distgemm.bench --suite --json out.json --plot out.png
   python -m jax_distgemm.bench --suite --schedule=RS-TilA       # one schedule's part of it
   python -m jax_distgemm.bench --suite --list                   # the cases, nothing run
+  python -m jax_distgemm.bench --suite small                    # decode / small-batch shapes
 
 Per case, all measured in this run: ideal (an XLA dot of one device's share of the FLOPs, no
 communication), ffi (ours), auto (implementation=None), reference (XLA all_gather + dot /
@@ -68,9 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                  help="tensor-parallel size: the first TP devices of jax.devices() (default 2)")
   g.add_argument("--dtype", default="bf16", choices=sorted(bl.DTYPES),
                  help="input and output dtype (default bf16)")
-  g.add_argument("--suite", action="store_true",
-                 help="the standard suite (TP=2 shapes of the issue; on CPU divided by "
-                 f"{bl.CPU_SUITE_SCALE}); excludes --m/--n/--k; --schedule filters it")
+  g.add_argument("--suite", nargs="?", const="standard", choices=bl.SUITES, default=None,
+                 help="a suite of cases: 'standard' (the default; the issue's TP=2 shapes, on "
+                 f"CPU divided by {bl.CPU_SUITE_SCALE}) or 'small' (decode and small-batch "
+                 f"shapes, on CPU divided by {bl.CPU_SMALL_SUITE_SCALE}); excludes "
+                 "--m/--n/--k; --schedule filters it")
   g = p.add_argument_group("timing")
   g.add_argument("--iterations", type=_positive_int, default=None,
                  help="back-to-back calls per repeat (default: enough for --target-repeat-ms, "
@@ -157,8 +160,7 @@ def resolve_cases(args: argparse.Namespace, platform: str) -> list[bl.Case]:
   """The cases of this run; the defaults depend on the platform (tiny on CPU)."""
   common = dict(l=args.l, tp=args.tp, dtype=args.dtype, alpha=args.alpha, beta=args.beta)
   if args.suite:
-    scale = bl.CPU_SUITE_SCALE if platform == "cpu" else 1
-    cases = [bl.Case(s, m, k, n, **common) for s, m, k, n in bl.standard_suite(scale)
+    cases = [bl.Case(s, m, k, n, **common) for s, m, k, n in bl.suite(args.suite, platform)
              if not args.schedule_given or s in args.schedules]
   else:
     dm, dk, dn = bl.CPU_DEFAULT_SHAPE if platform == "cpu" else bl.SEED_SHAPE
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
   if note:
     print(f"NOTE: {note}")
     if args.suite:
-      print(f"NOTE: suite shapes divided by {bl.CPU_SUITE_SCALE} on CPU")
+      scale = bl.CPU_SMALL_SUITE_SCALE if args.suite == "small" else bl.CPU_SUITE_SCALE
+      print(f"NOTE: suite shapes divided by {scale} on CPU")
   if opts.max_in_flight:
     print(f"NOTE: block_until_ready after every {opts.max_in_flight} call(s) "
           "(--max-in-flight), not only at the end of a repeat")

@@ -227,6 +227,22 @@ class BenchCliTest(absltest.TestCase):
     self.assertLen(lines, 5)
     self.assertTrue(all(l.startswith("RS-TilA") for l in lines), lines)
 
+  def test_small_suite_list(self):
+    proc = run_bench(["--suite", "small", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    labels = [" ".join(l.split()[:2]) for l in proc.stdout.splitlines() if "/TP2" in l]
+    # On CPU the shapes are divided by CPU_SMALL_SUITE_SCALE.
+    want = [f"{bl.SHORT_NAMES[s]} {m},{k},{n}"
+            for s, m, k, n in bl.small_suite(bl.CPU_SMALL_SUITE_SCALE)]
+    self.assertLen(want, 8)
+    self.assertEqual(labels, want)
+
+  def test_unknown_suite_is_rejected(self):
+    proc = run_bench(["--suite", "huge", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn("--suite", proc.stderr)
+    self.assertIn("small", proc.stderr)
+
   def test_suite_excludes_shape_flags(self):
     proc = run_bench(["--suite", "--m", "128", "--list"], timeout=300)
     self.assertEqual(proc.returncode, 2)
@@ -289,6 +305,23 @@ class BenchLibTest(absltest.TestCase):
       self.assertIn((schedule, *bl.SEED_SHAPE), suite)
     for s, m, k, n in bl.standard_suite(bl.CPU_SUITE_SCALE):
       self.assertIsNone(bl.Case(s, m, k, n, tp=2).invalid_reason())
+
+  def test_small_suite(self):
+    suite = bl.small_suite()
+    self.assertLen(suite, 8)
+    for schedule, shapes in bl.SMALL_SHAPES.items():
+      self.assertEqual([(m, k, n) for s, m, k, n in suite if s == schedule], list(shapes))
+    # One wave of 128x128 tiles or less per stage at the decode shapes (what the suite is for).
+    for s, m, k, n in suite:
+      if m <= 256:
+        sm, sn = (m // 2, n // 2) if s == Schedule.AllGather1D_TilingCD_RotatingA else (m // 2, n)
+        self.assertLessEqual(-(-sm // 128) * -(-sn // 128), 132, (s, m, k, n))
+    for s, m, k, n in bl.small_suite(bl.CPU_SMALL_SUITE_SCALE):
+      self.assertIsNone(bl.Case(s, m, k, n, tp=2).invalid_reason())
+    self.assertEqual(bl.suite("small", "gpu"), suite)
+    self.assertEqual(bl.suite("standard", "cpu"), bl.standard_suite(bl.CPU_SUITE_SCALE))
+    with self.assertRaisesRegex(ValueError, "not one of"):
+      bl.suite("huge", "gpu")
 
   def test_rotation_sets(self):
     l2 = 60 * 2**20

@@ -6,6 +6,9 @@
 #   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only | --virtual-tp-only | --ncu-only]
 #                      [bench args...]                     (default bench: --suite --local-gemm)
 #
+# e.g. `tools/gpu_check.sh --bench-only --suite small --local-gemm` for the decode and
+# small-batch shapes (bench's --suite small), written to the same $OUT/bench.{json,png,log}.
+#
 # --virtual-tp-only (also part of the default, after the GPU tests): every schedule and data path
 # at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it
 # (tools/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a

@@ -86,6 +86,18 @@ STANDARD_SHAPES = ((8192, 8192, 28672), (4096, 8192, 8192), SEED_SHAPE, (8192, 4
 CPU_DEFAULT_SHAPE = (256, 128, 512)
 # On CPU (fake devices) the suite's shapes are divided by this, so that it finishes.
 CPU_SUITE_SCALE = 64
+# The small suite (--suite small): decode and small-batch calls, where one wave of tiles or less
+# covers a stage and each tile streams its weight panel over the whole k (docs/performance.md
+# W1).  (M, K, N) global at TP=2: square 8192 layers at three token counts, and a 70B-like
+# MLP's up projection (AllGather) and down projection (ReduceScatter) at 64 tokens.
+SMALL_SHAPES = {
+    Schedule.AllGather1D_TilingCD_RotatingA: ((64, 8192, 8192), (256, 8192, 8192),
+                                               (1024, 8192, 8192), (64, 8192, 28672)),
+    Schedule.ReduceScatter1D_TilingA_RotatingC: ((64, 8192, 8192), (256, 8192, 8192),
+                                                  (1024, 8192, 8192), (64, 28672, 8192)),
+}
+CPU_SMALL_SUITE_SCALE = 16
+SUITES = ("standard", "small")
 
 DEFAULT_EPS = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-3}
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -103,6 +115,21 @@ def parse_schedule(value: str) -> Schedule:
   if value.isdigit():
     return Schedule(int(value))
   return Schedule.parse(value)
+
+
+def small_suite(scale: int = 1) -> list[tuple[Schedule, int, int, int]]:
+  """(schedule, M, K, N): SMALL_SHAPES, AG-RotA's then RS-TilA's."""
+  return [(s, m // scale, k // scale, n // scale)
+          for s, shapes in SMALL_SHAPES.items() for m, k, n in shapes]
+
+
+def suite(name: str, platform: str) -> list[tuple[Schedule, int, int, int]]:
+  """The named suite's cases, scaled down on CPU."""
+  if name == "small":
+    return small_suite(CPU_SMALL_SUITE_SCALE if platform == "cpu" else 1)
+  if name == "standard":
+    return standard_suite(CPU_SUITE_SCALE if platform == "cpu" else 1)
+  raise ValueError(f"suite: {name!r} is not one of {SUITES}")
 
 
 def standard_suite(scale: int = 1) -> list[tuple[Schedule, int, int, int]]:
@@ -768,7 +795,9 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
       call, hlo = got
       extra: dict[str, Any] = {"hlo": hlo}
       if name == "auto":
-        extra["resolved"] = "ffi" if hlo["jax_distgemm"] else "xla"
+        # The ring moves its operands by collective-permute, the reference by one collective.
+        extra["resolved"] = ("ffi" if hlo["jax_distgemm"] else
+                             "xla" if hlo["collective-permute"] else "reference")
       if name in ("jit_auto", "windowed_einsum"):
         extra["windowed_einsum_loop"] = hlo["windowed_einsum_loop"]
         if name == "windowed_einsum" and not hlo["windowed_einsum_loop"]:
