@@ -177,7 +177,10 @@ def main(argv=None) -> int:
   except NotImplementedError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  used = "ffi" if "jax_distgemm_v1" in compiled.as_text() else "xla"  # what auto picked
+  hlo = compiled.as_text()
+  # What auto picked: our custom call, the ring (collective-permutes) or XLA's own collective.
+  used = ("ffi" if "jax_distgemm_v1" in hlo else "xla" if "collective-permute" in hlo
+          else "reference")
 
   print(f"Distributed GEMM: {schedule.name}, TP={tp} on {len(devices)} x "
         f"{devices[0].device_kind}, implementation={args.implementation}"

@@ -452,6 +452,16 @@ class BenchLibTest(absltest.TestCase):
       self.assertLess(bl.rel_err(ours, ideal), 1e-2)
       self.assertGreater(float(jnp.abs(ours[1] - ours[0]).max()), 0)  # each device its own share
 
+  def test_auto_resolved_to_reference_is_reported(self):
+    devices = tu.cpu_devices(2)
+    case = bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 32, 16, 64, tp=2)
+    opts = bl.Options(iterations=2, warmup=1, repeats=2, max_in_flight=1,
+                      want=frozenset({"ideal", "ffi", "auto", "reference"}))
+    with mock.patch.object(api, "xla_faster_reason", return_value="forced by the test"):
+      got = bl.run_case(case, 0, devices, opts, lambda msg: None)
+    self.assertEqual(got["rows"]["auto"]["resolved"], "reference")
+    self.assertEqual(got["rows"]["ffi"]["hlo"]["jax_distgemm"], 1)
+
   def test_unsupported_implementation_is_reported(self):
     devices = tu.cpu_devices(2)
     case = bl.Case(Schedule.ReduceScatter1D_TilingA_RotatingC, 32, 16, 64, tp=2)

@@ -16,8 +16,10 @@ rounds more often than "xla" and "reference", which keep fp32 until the end.
 
 implementation: "ffi" (the fused custom call: CUDA on Hopper, or the CPU executor), "xla" (a
 ppermute ring, any backend), "reference" (XLA all_gather + dot / dot + psum_scatter), or None:
-"ffi" where it can run this case and is expected to be faster, else "xla".  A case the chosen
-implementation cannot run raises NotImplementedError with the reason; None moves on instead.
+"ffi" where it can run this case and is expected to be faster, "reference" where XLA's own
+path is expected to be faster (on CUDA: unbatched calls of at most one wave of tiles,
+cuda_rules.xla_faster_reason), else "xla".  A case the chosen implementation cannot run raises
+NotImplementedError with the reason; None moves on instead.
 A TP group the FFI executor cannot meet (found at lowering, where the device ids are known:
 processes without initialize_multiprocess(), other hosts) raises
 validation.GroupUnreachableError under "ffi"; under None the XLA ring is lowered in the custom
@@ -26,6 +28,7 @@ call's place, with a warning (primitives._lowering).
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import jax
@@ -74,6 +77,15 @@ def ffi_unsupported_reason(platform: str, x, w, out_dtype, schedule: Schedule,
             f"{ffi_modules.cuda_import_error}")
   from jax_distgemm._src import cuda_rules  # CUDA-only constraints (dtypes, TMA alignment)
   return cuda_rules.unsupported_reason(x, w, out_dtype, schedule, tp)
+
+
+def xla_faster_reason(platform: str, x, w, schedule: Schedule, tp: int) -> str | None:
+  """Why XLA's all-gather / reduce-scatter + dot is expected to beat the fused call here
+  (None: it is not); consulted by implementation=None only."""
+  if platform not in ("cuda", "gpu"):
+    return None  # the CPU executor is there to run the schedule, not to be fast
+  from jax_distgemm._src import cuda_rules
+  return cuda_rules.xla_faster_reason(x, w, schedule, tp)
 
 
 def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms,
@@ -129,7 +141,8 @@ def unpartitioned_axes() -> tuple[str, ...]:
 
 def _resolve(x, w, p: autodiff.Params) -> str:
   """The concrete implementation for one call: as requested, else auto (ffi where it runs,
-  and where no mesh axis is left unpartitioned around it; else the XLA ring)."""
+  where no mesh axis is left unpartitioned around it and where XLA's own path is not expected
+  to be faster, which then runs; else the XLA ring)."""
   name = p.implementation or config.forced_implementation()
   if name is not None:
     return name
@@ -141,8 +154,16 @@ def _resolve(x, w, p: autodiff.Params) -> str:
                      "along which the custom call cannot be split (make them manual for the "
                      "fused call)", auto)
     return "xla"
-  if ffi_unsupported_reason(_current_platform(), x, w, p.out_dtype, p.schedule, p.tp) is None:
-    return "ffi"
+  platform = _current_platform()
+  if ffi_unsupported_reason(platform, x, w, p.out_dtype, p.schedule, p.tp) is None:
+    why = xla_faster_reason(platform, x, w, p.schedule, p.tp)
+    if why is None:
+      return "ffi"
+    config.warn_once(("reference", p.schedule, x.shape, w.shape, p.tp),
+                     "jax_distgemm: implementation=None runs XLA's collective + dot "
+                     "(\"reference\") for %s, x %s, w %s at TP=%d: %s", p.schedule.name,
+                     x.shape, w.shape, p.tp, why, level=logging.INFO)
+    return "reference"
   return "xla"
 
 

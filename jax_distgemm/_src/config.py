@@ -9,11 +9,12 @@ _log = logging.getLogger("jax_distgemm")
 _warned: set = set()  # keys of the warnings given (warn_once)
 
 
-def warn_once(key, msg: str, *args) -> None:
-  """One warning per `key` per process on the "jax_distgemm" logger (msg % args)."""
+def warn_once(key, msg: str, *args, level: int = logging.WARNING) -> None:
+  """One message per `key` per process on the "jax_distgemm" logger (msg % args), a warning
+  unless `level` says otherwise."""
   if key not in _warned:
     _warned.add(key)
-    _log.warning(msg, *args)
+    _log.log(level, msg, *args)
 
 # 30 s: long enough that a peer delayed by a loaded host (8 fake CPU devices on a 2-core CI box,
 # a process still compiling) is not an error, and below XLA:CPU's own 40 s bound on its

@@ -19,6 +19,11 @@ _TMA_ALIGN_BYTES = 16
 
 _SLOT_ALIGN = 256  # cc/cuda/executor.cc kSlotAlign
 
+# -- Where XLA's own path is faster (implementation=None picks "reference") --------------------
+# One wave of the stage kernels' 128x128 tiles on an H100/H200 SXM (132 SMs).
+ONE_WAVE_TILES = 132
+_SMALL_TILE = 128
+
 
 def _round_up(n: int) -> int:
   return -(-n // _SLOT_ALIGN) * _SLOT_ALIGN
@@ -76,6 +81,38 @@ def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
     return 2 * (tp - 1) * (operands + running_sum)
   slots = {"copy_add": 2, "copy_ring": 2 * (tp - 1)}.get(path, tp - 1)
   return 2 * slots * running_sum
+
+
+def stage_tiles(x_shape, w_shape, schedule: Schedule, tp: int) -> int:
+  """128x128 output tiles of one stage GEMM (the per-device problem has tp times as many),
+  from the local x and w shapes."""
+  schedule = Schedule(schedule)
+  batch = math.prod(x_shape[:-2])
+  sm = x_shape[-2] // tp if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC else x_shape[-2]
+  sn = (w_shape[-1] // tp if schedule == Schedule.ReduceScatter1D_TilingB_RotatingC
+        else w_shape[-1])
+  return batch * -(-sm // _SMALL_TILE) * -(-sn // _SMALL_TILE)
+
+
+def xla_faster_reason(x, w, schedule: Schedule, tp: int) -> str | None:
+  """None if the fused call is expected to be no slower than XLA's all-gather /
+  reduce-scatter + dot, else why (implementation=None then runs "reference").
+
+  Unbatched calls whose whole per-device problem is at most one wave of 128x128 tiles (decode
+  and small-batch shapes).  There XLA's dot is a split-K kernel that streams the weight once
+  from every SM: on one H200 it ran 1.3-2x faster than our stage kernels at such stages (CUPTI
+  kernel times, docs/performance.md W2), while the fused schedule reads the weight shard TP
+  times (a ReduceScatter in TP sequential stage launches) and can hide only the transfer of a
+  shard of a few MiB.  Batched calls are left to the fused path (not measured).
+  """
+  if math.prod(x.shape[:-2]) != 1 or len(w.shape) > 2:
+    return None
+  tiles = tp * stage_tiles(x.shape, w.shape, schedule, tp)
+  if tiles > ONE_WAVE_TILES:
+    return None
+  return (f"the per-device problem is {tiles} output tiles of {_SMALL_TILE}x{_SMALL_TILE}, "
+          f"at most one wave ({ONE_WAVE_TILES}), where XLA's split-K dot reads the weight once "
+          "and faster than the fused stages")
 
 
 def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:
