@@ -77,6 +77,35 @@ class FfiCpuTest(base.CollectiveMatmulTestBase):
     self.assertEqual(counts, NO_COLLECTIVES | {"collective-permute": 3})
 
 
+class FfiCpuCallSitesTest(parameterized.TestCase):
+  """Many independent calls of one shard_map'd op in one program.  JAX lowers the identical
+  body once and XLA inlines it at each use, so the calls share one call_id, and XLA:CPU runs
+  them in a different order on each device: the executor must still meet each call with the
+  same call on its peers (before the instantiate-stage call site joined the key, 10 or more
+  such calls returned shards of other calls, with no error)."""
+
+  @parameterized.parameters(jax_distgemm.Schedule.AllGather1D_TilingCD_RotatingA,
+                            jax_distgemm.Schedule.ReduceScatter1D_TilingA_RotatingC)
+  def test_independent_calls_of_one_op(self, schedule):
+    tp, calls = 2, 16
+    mesh = test_util.mesh_1d(tp)
+    xs, ws, os_ = test_util.specs(schedule, 0)
+    op = jax.shard_map(
+        lambda x, w: jax_distgemm.distributed_matmul(x, w, axis_name="tp", schedule=schedule,
+                                                     implementation="ffi"),
+        mesh=mesh, in_specs=(xs, ws), out_specs=os_)
+    inputs = [test_util.random_inputs(test_util.seed_of("sites", i), (8, 64), (64, 32),
+                                      jnp.float32)[:2] for i in range(calls)]
+    args = [(jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws)))
+            for x, w in inputs]
+    f = jax.jit(lambda *pairs: [op(x, w) for x, w in pairs])
+    for trial in range(4):
+      outs = f(*args)
+      for i, (out, (x, w)) in enumerate(zip(outs, inputs)):
+        self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5,
+                        f"trial {trial}, call {i}")
+
+
 class FfiCpuRsRingTest(base.CollectiveMatmulTestBase):
   """The CPU executor with JAX_DISTGEMM_RS_PATH=remote_c: ReduceScatter as the running-sum ring
   (the CUDA RotatingC kernels' schedule) everywhere.  NOTE: at the shared cases' shape the

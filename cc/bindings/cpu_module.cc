@@ -16,8 +16,21 @@ namespace nb = nanobind;
 
 NB_MODULE(_distgemm_cpu, m) {
   m.def("registrations", []() {
+    nb::dict stages;  // per call site: the instantiate stage's state names it (distgemm_cpu.cc)
+    stages["instantiate"] =
+        jax_distgemm::EncapsulateFfiHandler(jax_distgemm::DistGemmCpuInstantiate);
+    stages["execute"] = jax_distgemm::EncapsulateFfiHandler(jax_distgemm::DistGemmCpu);
     nb::dict d;
-    d["jax_distgemm_v1"] = jax_distgemm::EncapsulateFfiHandler(jax_distgemm::DistGemmCpu);
+    d["jax_distgemm_v1"] = stages;
+    return d;
+  });
+  m.def("types", []() {  // the FFI state types, for jax.ffi.register_ffi_type
+    nb::dict site;
+    site["type_id"] = nb::capsule(reinterpret_cast<void*>(jax_distgemm::CallSiteTypeId()));
+    site["type_info"] = nb::capsule(
+        const_cast<void*>(reinterpret_cast<const void*>(jax_distgemm::CallSiteTypeInfo())));
+    nb::dict d;
+    d["jax_distgemm_cpu_call_site"] = site;
     return d;
   });
   m.def("set_device_ids", [](std::vector<int32_t> ordinals, std::vector<int64_t> ids) {

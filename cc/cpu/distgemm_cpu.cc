@@ -18,6 +18,8 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <new>
 #include <chrono>
 #include <cstdint>
@@ -273,6 +275,41 @@ struct CpuCall {
   }
 };
 
+// -- Call sites ------------------------------------------------------------------------------
+// NOTE: call_id does not tell a program's call sites apart.  JAX lowers an identical sub-jaxpr
+// once (a shard_map body, a jit reused in one program; mlir._lower_jaxpr_to_fun_cached) and
+// XLA inlines it at every use, so e.g. three same-shaped projections of one input carry one
+// call_id.  XLA:CPU runs independent thunks in any order, different on each device, so pairing
+// them by occurrence alone met one device's call with another call of its peer (wrong shards,
+// no error; seen at >= 10 independent calls, 2026-12-02).  The instantiate stage runs once per
+// instruction and its state is shared by the process's devices: its index among the sites of
+// its call_id joins the rendezvous key.
+// ASSUMPTION (across processes): every process builds the same executables in the same order
+// (SPMD), so that the same instruction gets the same index in each.
+struct CallSite {
+  static ffi::TypeId id;
+  int64_t index = 0;  // among this process's sites of the same call_id, in instantiation order
+};
+ffi::TypeId CallSite::id = {};
+constexpr XLA_FFI_TypeInfo kCallSiteTypeInfo = ffi::MakeTypeInfo<CallSite>();
+
+ffi::ErrorOr<std::unique_ptr<CallSite>> DistGemmCpuInstantiateImpl(ffi::Dictionary attrs) {
+  ffi::ErrorOr<int64_t> call_id = attrs.get<int64_t>("call_id");
+  if (!call_id.has_value()) return call_id.error();
+  static std::mutex mu;
+  static auto* next = new std::map<int64_t, int64_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto site = std::make_unique<CallSite>();
+  site->index = (*next)[*call_id]++;
+  return site;
+}
+
+// The rendezvous key of a call site: call_id's low 32 bits hold a channel < 2^16 (JAX's
+// new_channel), so the site index takes bits 16-31.
+int64_t SiteKey(int64_t call_id, const CallSite& site) {
+  return call_id | (site.index << 16);
+}
+
 // Completes `promise` with `error` (success or failure).
 void Fulfil(ffi::Promise& promise, ffi::Error error) {
   if (error.success()) {
@@ -298,12 +335,18 @@ ffi::Future Completed(ffi::Error error) {
 // cores and serves every fake device.  On a 2-core host, two ranks of a group can block the
 // whole pool waiting for peers whose thunks are queued behind them.  Here no XLA thread ever
 // waits for a peer.
-ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
-                            ffi::AnyBuffer w, ffi::AnyBuffer c,
+ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite* site,
+                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
                             ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
                             ffi::Span<const int64_t> groups, float alpha, float beta,
-                            int64_t call_id, int64_t timeout_ms) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
+                            int64_t call_id_attr, int64_t timeout_ms) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id_attr, timeout_ms};
+  if (site->index >= (int64_t{1} << 15) || (call_id_attr & 0xffff0000) != 0) {
+    return Completed(InvalidArgument(
+        "call_id " + std::to_string(call_id_attr) + " / call site " +
+        std::to_string(site->index) + ": more call sites of one call_id than the key holds"));
+  }
+  const int64_t call_id = SiteKey(call_id_attr, *site);
   auto call = std::make_shared<CpuCall>();
   if (auto err = DecodeProblem(x, w, c, *out, attrs, &call->p); err.failure()) {
     return Completed(std::move(err));
@@ -364,10 +407,18 @@ void SetCpuFaultDevice(int64_t device, int phase) {
   g_fault_device.store(device);
 }
 
+XLA_FFI_TypeId* CallSiteTypeId() { return &CallSite::id; }
+const XLA_FFI_TypeInfo* CallSiteTypeInfo() { return &kCallSiteTypeInfo; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpuInstantiate, DistGemmCpuInstantiateImpl,
+                              ffi::Ffi::BindInstantiate()
+                                  .Attrs());  // the call's attributes; reads call_id
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::RunId>()          // rendezvous key, same on all devices
                                   .Ctx<ffi::DeviceOrdinal>()  // this device
+                                  .Ctx<ffi::State<CallSite>>()  // this call site (instantiate)
                                   .Arg<ffi::AnyBuffer>()      // x
                                   .Arg<ffi::AnyBuffer>()      // w
                                   .Arg<ffi::AnyBuffer>()      // c (output dtype; 0 elements if absent)

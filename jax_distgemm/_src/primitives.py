@@ -171,6 +171,8 @@ def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out
       raise
     return ring(why=str(e))
   register_device_ids(platform)
+  if platform == "cpu":
+    ffi_modules.register_cpu_targets()
   if not c:  # the FFI call always takes c: an empty one means "no c"
     empty = core.ShapedArray((0,), out_dtype)
     c = (mlir.ir_constant(np.zeros((0,), out_dtype)),)
