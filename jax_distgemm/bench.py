@@ -34,6 +34,9 @@ import time
 from jax_distgemm._src import bench_lib as bl
 from jax_distgemm._src import gpu_monitor, runtime
 
+# The small suite's calls run 20-100 us: 16 per dispatch keeps the host out of the timing.
+SMALL_SUITE_CALLS_PER_PROGRAM = 16
+
 
 def _positive_int(s: str) -> int:
   v = int(s)
@@ -98,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                  help="max GiB per device for one implementation's rotating input sets")
   g.add_argument("--max-sets", type=_positive_int, default=32,
                  help="max rotating input sets (default 32)")
+  g.add_argument("--calls-per-program", type=_positive_int, default=None,
+                 help="calls chained in one dispatched program (each after the previous "
+                 "one's output): below ~0.1 ms a call, one dispatch per call times the host, "
+                 "not the GPU (default 16 with --suite small, else 1)")
   g.add_argument("--max-in-flight", type=int, default=None,
                  help="block_until_ready after this many calls within a repeat (0: only at "
                  "the end; default 0 on GPU, 1 on CPU, where XLA:CPU deadlocks otherwise)")
@@ -179,7 +186,9 @@ def options(args: argparse.Namespace) -> bl.Options:
       l2_bytes=int(args.l2_mb * 2**20),
       rotation_budget_bytes=int(args.rotation_budget_gb * 2**30), max_sets=args.max_sets,
       seed=args.seed, local_gemm=args.local_gemm, want=args.want,
-      max_in_flight=args.max_in_flight)
+      max_in_flight=args.max_in_flight,
+      calls_per_program=(args.calls_per_program or
+                         (SMALL_SUITE_CALLS_PER_PROGRAM if args.suite == "small" else 1)))
 
 
 def _progress(msg: str) -> None:

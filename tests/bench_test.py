@@ -237,6 +237,17 @@ class BenchCliTest(absltest.TestCase):
     self.assertLen(want, 8)
     self.assertEqual(labels, want)
 
+  def test_calls_per_program_default(self):
+    from jax_distgemm import bench  # noqa: PLC0415
+    self.assertEqual(bench.options(bench.parse_args(["--suite", "small"])).calls_per_program,
+                     bench.SMALL_SUITE_CALLS_PER_PROGRAM)
+    self.assertEqual(bench.options(bench.parse_args(["--suite"])).calls_per_program, 1)
+    self.assertEqual(bench.options(bench.parse_args(
+        ["--suite", "small", "--calls-per-program", "2"])).calls_per_program, 2)
+    proc = run_bench(["--calls-per-program", "0", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn("--calls-per-program", proc.stderr)
+
   def test_unknown_suite_is_rejected(self):
     proc = run_bench(["--suite", "huge", "--list"], timeout=300)
     self.assertEqual(proc.returncode, 2)
@@ -451,6 +462,39 @@ class BenchLibTest(absltest.TestCase):
       self.assertEqual(ours.sharding.spec[0], "tp")
       self.assertLess(bl.rel_err(ours, ideal), 1e-2)
       self.assertGreater(float(jnp.abs(ours[1] - ours[0]).max()), 0)  # each device its own share
+
+  def test_chained_program(self):
+    # k calls of fn in one program, each on its own set, in set order; groups wrap around.
+    sets = [(jnp.full((2, 2), float(i)), jnp.eye(2)) for i in range(5)]
+    call, groups = bl.chained_program(lambda x, w: x @ w + 1.0, sets, 2)
+    self.assertLen(groups, 2)
+    self.assertEqual([[float(a[0][0, 0]) for a in g] for g in groups], [[0.0, 1.0], [2.0, 3.0]])
+    outs = call(*groups[1])
+    self.assertEqual([float(o[0, 0]) for o in outs], [3.0, 4.0])
+    self.assertEqual(float(bl.first_call_output(outs, 2)[0, 0]), 3.0)
+    _, groups = bl.chained_program(lambda x, w: x @ w, sets[:1], 3)
+    self.assertLen(groups, 1)
+    self.assertLen(groups[0], 3)  # one set, used three times
+    call, same = bl.chained_program(lambda x, w: x @ w, sets, 1)
+    self.assertIs(same, sets)
+    self.assertEqual(float(call(*sets[4])[0, 0]), 4.0)
+
+  def test_calls_per_program_rows(self):
+    devices = tu.cpu_devices(2)
+    case = bl.Case(Schedule.AllGather1D_TilingCD_RotatingA, 32, 16, 64, tp=2)
+    opts = bl.Options(warmup=1, repeats=2, max_in_flight=1, calls_per_program=4,
+                      target_repeat_ms=1.0, local_gemm=True,
+                      want=frozenset({"ideal", "ffi", "auto", "reference", "xla"}))
+    got = bl.run_case(case, 0, devices, opts, lambda msg: None)
+    result = bl.finalize_case(case, got["rows"], got["data"], opts)
+    self.assertTrue(result["passed"], result["failures"])
+    for name in ("ideal", "ffi", "auto", "reference", "xla"):
+      row = result["rows"][name]
+      self.assertEqual(row["calls_per_program"], 4, name)
+      self.assertEqual(row["calls_per_repeat"] % 4, 0, name)
+      self.assertLess(row["rel_err"] if name != "ideal" else 0.0, 1e-5, name)
+    self.assertEqual(got["data"]["local_gemm"]["xla_dot"]["calls_per_program"], 4)
+    self.assertGreater(got["data"]["local_gemm"]["ratio"], 0)
 
   def test_auto_resolved_to_reference_is_reported(self):
     devices = tu.cpu_devices(2)

@@ -286,6 +286,9 @@ class Options:
   # Calls in flight before a block_until_ready: 0 = all of a repeat (GPU); None = per platform
   # (see resolve_in_flight).
   max_in_flight: int | None = None
+  # Calls per dispatched program (chained_program): > 1 where a call is too short for the host
+  # to keep the GPU fed by one dispatch per call.
+  calls_per_program: int = 1
 
   def eps_for(self, case: Case) -> float:
     return self.eps if self.eps is not None else DEFAULT_EPS[case.dtype]
@@ -572,8 +575,9 @@ class Timed:
   name: str
   call: Callable
   sets: list
-  iterations: int = 0
-  heat_calls: int = 0  # untimed calls before each timed repeat
+  iterations: int = 0  # programs per repeat (a program is per_program calls)
+  heat_calls: int = 0  # untimed programs before each timed repeat
+  per_program: int = 1  # calls per program (chained_program); times are per call
   pos: int = 0  # next set to use
   times: list = dataclasses.field(default_factory=list)
   # ms per call of each repeat's heat run: the row entered straight after another row.
@@ -583,7 +587,8 @@ class Timed:
   failure: dict | None = None
 
   def run(self, count: int, max_in_flight: int = 0):
-    """`count` back-to-back calls, then one block_until_ready (and one every max_in_flight)."""
+    """`count` back-to-back programs, then one block_until_ready (and one every
+    max_in_flight)."""
     out = None
     for i in range(count):
       out = self.call(*self.sets[self.pos % len(self.sets)])
@@ -593,10 +598,10 @@ class Timed:
     jax.block_until_ready(out)
 
   def timed_run(self, count: int, max_in_flight: int = 0) -> float:
-    """ms per call of `count` back-to-back calls (wall time up to the final block)."""
+    """ms per call of `count` back-to-back programs (wall time up to the final block)."""
     t0 = time.perf_counter()
     self.run(count, max_in_flight)
-    return (time.perf_counter() - t0) * 1e3 / count
+    return (time.perf_counter() - t0) * 1e3 / (count * self.per_program)
 
   def estimate_call_ms(self, max_in_flight: int = 0, min_run_ms: float = 2.0) -> float:
     """One call's ms, for sizing repeats: the difference of two timed runs (k and 2k calls,
@@ -608,15 +613,49 @@ class Timed:
     30 ms asked for, and a row with few calls per repeat carries more of the fixed cost in its
     per-call time (docs/performance.md, P6).
     """
-    k = 2
-    first = self.timed_run(k, max_in_flight) * k
+    k, per = 2, self.per_program  # k programs of `per` calls
+    first = self.timed_run(k, max_in_flight) * k * per
     while first < min_run_ms and k < 4096:
       k *= 4
-      first = self.timed_run(k, max_in_flight) * k
-    second = self.timed_run(2 * k, max_in_flight) * 2 * k
-    diff = (second - first) / k
+      first = self.timed_run(k, max_in_flight) * k * per
+    second = self.timed_run(2 * k, max_in_flight) * 2 * k * per
+    diff = (second - first) / (k * per)
     # Noise can make the difference meaningless; never below half the plain per-call time.
-    return max(diff, 0.5 * second / (2 * k))
+    return max(diff, 0.5 * second / (2 * k * per))
+
+
+def chained_program(fn: Callable, sets: list, k: int):
+  """(compiled, groups): `fn` applied to k input sets in one program, and the sets grouped k
+  to a program (group j holds sets jk .. jk+k-1, modulo their number).  Call i+1 starts after
+  call i's output exists (an optimization_barrier ties its inputs to that output), as in a
+  stack of dependent layers, so XLA cannot overlap one call's collectives with another's
+  compute.  k = 1: fn compiled as is, on the sets as they are.
+
+  NOTE: below ~0.1 ms a call, one dispatch per call leaves the GPU idle between calls (XLA's
+  dot idled 35-82 us per call at the decode stages on one H200, docs/performance.md W2), so
+  the wall clock times the host; k calls per dispatch divide that by k.
+  """
+  if k == 1:
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    return jitted.lower(*sets[0]).compile(), sets
+  n = len(sets)
+  groups = [tuple(sets[(j * k + i) % n] for i in range(k)) for j in range(max(1, n // k))]
+
+  def program(*group):
+    outs, prev = [], None
+    for args in group:
+      if prev is not None:
+        prev, args = jax.lax.optimization_barrier((prev, args))
+      prev = fn(*args)
+      outs.append(prev)
+    return outs
+
+  return jax.jit(program).lower(*groups[0]).compile(), groups
+
+
+def first_call_output(out, k: int):
+  """The output of the first call of a chained_program (its groups[0][0] = sets[0])."""
+  return out[0] if k > 1 else out
 
 
 def round_order(entries: list, seed: int, r: int) -> list:
@@ -659,12 +698,12 @@ def time_interleaved(entries: list[Timed], opts: Options, progress: Callable[[st
     def warm(e=e):
       e.run(max(1, opts.warmup), opts.max_in_flight)
       settle_call_trials(lambda: e.run(20, opts.max_in_flight))
-      est_ms = e.estimate_call_ms(opts.max_in_flight)
+      program_ms = e.estimate_call_ms(opts.max_in_flight) * e.per_program
       e.heat_calls = (0 if opts.heat_ms <= 0 else
-                      int(min(500, max(1, math.ceil(opts.heat_ms / max(est_ms, 1e-4))))))
+                      int(min(500, max(1, math.ceil(opts.heat_ms / max(program_ms, 1e-4))))))
       if opts.iterations:
-        return opts.iterations
-      return int(min(500, max(10, math.ceil(opts.target_repeat_ms / max(est_ms, 1e-4)))))
+        return max(1, math.ceil(opts.iterations / e.per_program))
+      return int(min(500, max(10, math.ceil(opts.target_repeat_ms / max(program_ms, 1e-4)))))
     e.iterations, e.failure = guarded(warm)
   for r in range(opts.repeats):
     progress(f"repeat {r + 1}/{opts.repeats}")
@@ -704,8 +743,9 @@ def _timing_row(e: Timed) -> dict:
   t = e.times
   return {"status": "ok", "reason": None, "ms": statistics.median(t), "ms_min": min(t),
           "ms_max": max(t), "spread": (max(t) - min(t)) / statistics.median(t),
-          "ms_repeats": t, "calls_per_repeat": e.iterations, "rotation_sets": len(e.sets),
-          "heat_calls": e.heat_calls,
+          "ms_repeats": t, "calls_per_repeat": e.iterations * e.per_program,
+          "calls_per_program": e.per_program,
+          "rotation_sets": len(e.sets) * e.per_program, "heat_calls": e.heat_calls * e.per_program,
           "ms_after_switch": (statistics.median(e.times_after_switch)
                               if e.times_after_switch else None),
           "ms_after_switch_repeats": e.times_after_switch}
@@ -768,6 +808,7 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
   if dist_rows:
     # The reference output every other implementation is checked against.
     progress("reference output")
+    k = opts.calls_per_program
     ref_call, fail = guarded(
         lambda: distributed_fn(case, mesh, "reference").lower(*sets[0]).compile())
     if fail is None:
@@ -778,21 +819,18 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
       impl = {"ffi": "ffi", "auto": None, "reference": "reference", "xla": "xla"}.get(name)
 
       def compile_(name=name, impl=impl):
-        if name == "reference" and ref_failure is None:
-          compiled = ref_call
-          return compiled, hlo_summary(compiled.as_text() or "")
-        if name in ("jit_auto", "windowed_einsum"):
-          lowered = auto_sharded_fn(case, mesh).lower(*sets[0])
-        else:
-          lowered = distributed_fn(case, mesh, impl).lower(*sets[0])
-        compiled = lowered.compile()
-        return compiled, hlo_summary(compiled.as_text() or "")
+        if name == "reference" and ref_failure is None and k == 1:
+          return ref_call, sets, hlo_summary(ref_call.as_text() or "")
+        fn = (auto_sharded_fn(case, mesh) if name in ("jit_auto", "windowed_einsum") else
+              distributed_fn(case, mesh, impl))
+        compiled, timed_sets = chained_program(fn, sets, k)
+        return compiled, timed_sets, hlo_summary(compiled.as_text() or "")
 
       got, fail = guarded(compile_)
       if fail:
         rows[name] = fail
         continue
-      call, hlo = got
+      call, timed_sets, hlo = got
       extra: dict[str, Any] = {"hlo": hlo}
       if name == "auto":
         # The ring moves its operands by collective-permute, the reference by one collective.
@@ -805,8 +843,8 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
                            "windowed_dot_general loop in the compiled HLO); timed as compiled")
       # Correctness vs the reference, on set 0.
       if name != "reference":
-        def check(call=call):
-          out = call(*sets[0])
+        def check(call=call, first=timed_sets[0]):
+          out = first_call_output(call(*first), k)
           if ref_out is None:
             jax.block_until_ready(out)
             return None
@@ -821,7 +859,7 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
       else:
         extra["rel_err"] = 0.0
       rows[name] = {"status": "pending", **extra}
-      entries.append(Timed(name, call, sets))
+      entries.append(Timed(name, call, timed_sets, per_program=k))
     ref_out = None  # the seed shape's output is GiBs per device: not kept while timing
 
   ideal_sets = None
@@ -838,7 +876,8 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
 
     def prep_ideal():
       s = make_sets(jax.random.fold_in(key, 1), n_ideal, xi, wi, ci, dt, (single,) * 3)
-      return s, ideal_fn(case).lower(*s[0]).compile()
+      call, groups = chained_program(ideal_fn(case), s, opts.calls_per_program)
+      return groups, call
 
     got, fail = guarded(prep_ideal)
     if fail:
@@ -846,45 +885,50 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
     else:
       ideal_sets, call = got
       rows["ideal"] = {"status": "pending"}
-      entries.append(Timed("ideal", call, ideal_sets))
+      entries.append(Timed("ideal", call, ideal_sets, per_program=opts.calls_per_program))
 
     if tp > 1:  # the same per-device operands, stacked [TP, ...] over the mesh
       progress("ideal on every device: drawing inputs, compiling")
 
       def prep_mesh_ideal():
         s = stacked_ideal_sets(jax.random.fold_in(key, 3), n_ideal, case, mesh)
-        return s, ideal_all_devices_fn(case, mesh).lower(*s[0]).compile()
+        call, groups = chained_program(ideal_all_devices_fn(case, mesh), s,
+                                       opts.calls_per_program)
+        return groups, call
 
       got, fail = guarded(prep_mesh_ideal)
       if fail:
         data["ideal_all_devices"] = fail
       else:
         mesh_sets, call = got
-        entries.append(Timed("ideal_all_devices", call, mesh_sets))
+        entries.append(Timed("ideal_all_devices", call, mesh_sets,
+                             per_program=opts.calls_per_program))
 
   stage_sets = None
   if opts.local_gemm:
     sm, sk, sn = case.stage_shape()
     progress("local GEMM: XLA dot on the stage shape")
 
+    k = opts.calls_per_program
+
     def prep_stage():
       s = stage_rotating_sets(jax.random.fold_in(key, 2), case, devices[0], opts)
-      return s, stage_dot_fn(case).lower(*s[0]).compile()
+      return s, chained_program(stage_dot_fn(case), s, k)
 
     got, fail = guarded(prep_stage)
     data["local_gemm"] = {"stage_shape": [sm, sk, sn]}
     if fail:
       data["local_gemm"].update(fail)
     else:
-      stage_sets, call = got
+      stage_sets, (call, groups) = got
       # Both sides of the ratio in the same rounds as the rows (same clocks and heat).
-      entries.append(Timed("local_xla_dot", call, stage_sets))
+      entries.append(Timed("local_xla_dot", call, groups, per_program=k))
       ours, fail = guarded(
-          lambda: jax.jit(local_stage_fn(case, devices[0])).lower(*stage_sets[0]).compile())
+          lambda: chained_program(local_stage_fn(case, devices[0]), stage_sets, k))
       if fail:
         data["local_gemm"]["ratio_failure"] = fail
       else:
-        entries.append(Timed("local_cutlass", ours, stage_sets))
+        entries.append(Timed("local_cutlass", ours[0], ours[1], per_program=k))
 
   time_interleaved(entries, opts, lambda msg: progress(f"timing: {msg}"))
   gpu = {e.name: monitor.stats(e.windows) for e in entries} if monitor is not None else {}
