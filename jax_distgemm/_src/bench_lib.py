@@ -628,9 +628,11 @@ def chained_program(fn: Callable, sets: list, k: int):
   """(compiled, groups): `fn` applied to k input sets in one program, and the sets grouped k
   to a program (group j holds sets jk .. jk+k-1, modulo their number).  Call i+1 takes its
   inputs through an optimization_barrier with call i's output, as in a stack of dependent
-  layers, so that XLA schedules the calls one after another rather than overlapping one
-  call's collectives with another's compute (XLA:CPU drops the barriers after scheduling, and
-  there the calls may run concurrently).  k = 1: fn compiled as is, on the sets as they are.
+  layers.  NOTE: XLA drops the barriers in compilation (no opt-barrier or control dependency
+  is left in the compiled HLO on CPU or on one H200, performance.md W3), so the calls are in
+  fact independent: a baseline's collectives may overlap another call's dot, which can only
+  flatter the baselines; our custom calls run one after another on the stream anyway.
+  k = 1: fn compiled as is, on the sets as they are.
 
   NOTE: below ~0.1 ms a call, one dispatch per call leaves the GPU idle between calls (XLA's
   dot idled 35-82 us per call at the decode stages on one H200, docs/performance.md W2), so
