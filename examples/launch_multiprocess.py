@@ -39,7 +39,9 @@ the call after it must be correct again (JDG_FAULT lines).  --no-exit-cleanup en
 workers with os._exit (no atexit: like a crash), leaving their segments behind.
 --skip-initialize leaves out jax_distgemm.initialize_multiprocess(): the FFI path must then be
 refused with a message that says what to call, and --implementation=auto (None) must run the
-XLA ring instead, with a warning.
+XLA ring instead, with a warning.  --checks ...@repeat12 (REPEATED, not in the default set):
+12 calls of one shard_map'd op in one program, which share a call_id, must each meet the same
+call in the other processes.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ MLP = "MLP_RotatingA_then_TilingA"
 # same call site (channel) then needs a larger shared-memory segment, which must grow.
 GROWN = ("AllGather1D_TilingCD_RotatingA@x4", "ReduceScatter1D_TilingA_RotatingC@x4")
 CHECKS = SCHEDULES + (MLP,) + GROWN
+# "<schedule>@repeat12": one jitted op called on 12 independent inputs in one program (the
+# output is their sum with weights 1..12).  JAX lowers the op once, so the 12 calls share one
+# call_id; each process's executor must still meet each with the same call in the peers
+# (docs/design.md, "CPU executor").  Not in the default set.
+REPEATED = ("AllGather1D_TilingCD_RotatingA@repeat12", "ReduceScatter1D_TilingA_RotatingC@repeat12")
+KNOWN_CHECKS = CHECKS + REPEATED
 DTYPES = ("bf16", "fp16", "fp32")
 # Relative Frobenius error bounds vs float64 (products are exact in fp32 accumulation; the
 # output rounding dominates; fp32 allows TF32 on GPUs).
@@ -101,7 +109,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="no correctness checks: random operands on the devices, timing only")
   p.add_argument("--json", default=None, help="launcher: write the JDG_TIME records here")
   p.add_argument("--checks", default=",".join(CHECKS),
-                 help="comma-separated subset of: " + ", ".join(CHECKS))
+                 help="comma-separated subset of: " + ", ".join(KNOWN_CHECKS) +
+                 " (default: all but the @repeat ones)")
   p.add_argument("--call-timeout-ms", type=int, default=None,
                  help="timeout_ms of every distgemm call (default: JAX_DISTGEMM_TIMEOUT_MS/30000)")
   p.add_argument("--timeout", type=float, default=120.0,
@@ -136,9 +145,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if getattr(args, name) % args.tp:
       p.error(f"--{name}={getattr(args, name)} must be divisible by TP={args.tp}")
   args.checks = [c.strip() for c in args.checks.split(",") if c.strip()]
-  unknown = [c for c in args.checks if c not in CHECKS]
+  unknown = [c for c in args.checks if c not in KNOWN_CHECKS]
   if unknown or not args.checks:
-    p.error(f"--checks: unknown {unknown}; choose from {CHECKS}")
+    p.error(f"--checks: unknown {unknown}; choose from {KNOWN_CHECKS}")
   if args.fault:
     parts = args.fault.split(":")
     if len(parts) not in (2, 3) or not all(x.lstrip("-").isdigit() for x in parts):
@@ -221,10 +230,33 @@ def worker(args) -> int:
 
     The output's rows are independent, so the float64 reference is computed only for the rows
     checked (local_errors); x4 checks at GPU sizes would take minutes in numpy otherwise."""
-    rng = np.random.default_rng(args.seed + CHECKS.index(check))
+    rng = np.random.default_rng(args.seed + KNOWN_CHECKS.index(check))
     m, n, k = args.m, args.n, args.k
     if check.endswith("@x4"):
       check, m, n, k = check[:-len("@x4")], 4 * m, 4 * n, 4 * k
+    if "@repeat" in check:
+      check, count = check.split("@repeat")[0], int(check.split("@repeat")[1])
+      xs = rand(rng, (count, dp, m, k))
+      w = rand(rng, (k, n), 1 / np.sqrt(k))
+      x_spec, w_spec, out_spec = specs(check)
+      op = jax.shard_map(
+          lambda x, w, check=check: jd.distributed_matmul(
+              x, w, axis_name="tp", schedule=check, implementation=implementation,
+              timeout_ms=timeout_ms),
+          mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
+      weights = np.arange(1.0, count + 1.0)
+
+      def program(xs, w):  # on global arrays: `count` calls of one shard_map'd op
+        acc = sum(float(c) * op(xs[i], w).astype(jnp.float32) for i, c in enumerate(weights))
+        return acc.astype(dtype)
+
+      in_specs = (P(None, *x_spec), w_spec)
+
+      def ref(b, rows):
+        x_sum = np.tensordot(weights, np.asarray(xs[:, b][:, :, rows], np.float64), axes=1)
+        return x_sum @ np.asarray(w, np.float64)
+      arrays = tuple(global_array(a, s) for a, s in zip((xs, w), in_specs))
+      return jax.jit(program), arrays, ref
     if check == MLP:
       hidden = n
       x = rand(rng, (dp, m, k))
@@ -291,7 +323,7 @@ def worker(args) -> int:
     if check == MLP:
       raise SystemExit("--timing-only times the four schedules, not the MLP check")
     x_spec, w_spec, out_spec = specs(check)
-    key = jax.random.key(args.seed + CHECKS.index(check))
+    key = jax.random.key(args.seed + KNOWN_CHECKS.index(check))
     kx, kw = jax.random.split(key)
     draw = lambda key, shape, spec, scale: jax.jit(
         lambda: (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype),

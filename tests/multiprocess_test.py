@@ -40,6 +40,7 @@ _spec = importlib.util.spec_from_file_location("launch_multiprocess", LAUNCHER)
 _launcher = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_launcher)
 SCHEDULES, MLP, GROWN = _launcher.SCHEDULES, _launcher.MLP, _launcher.GROWN
+REPEATED = _launcher.REPEATED
 SEGMENT_GRANULE = 4096 + (64 << 10)  # header + the first data step of a segment
 LAUNCH_TIMEOUT_S = 90   # the launcher's own bound on its workers
 TEST_TIMEOUT_S = 120    # this test's bound on the launcher
@@ -91,7 +92,8 @@ class MultiprocessTest(parameterized.TestCase):
           self.assertLessEqual(r["rel_err_ref"], tol, r)
           self.assertLessEqual(r["rel_err_np"], tol, r)
           # The FFI custom call is in the program (not a fallback): one per op.
-          self.assertEqual(r["fused_calls"], 2 if check == MLP else 1, r)
+          want = 2 if check == MLP else int(check.split("@repeat")[1]) if "@repeat" in check else 1
+          self.assertEqual(r["fused_calls"], want, r)
     done = records.get("JDG_DONE", [])
     self.assertLen(done, num_processes, tail)
     for d in done:
@@ -130,6 +132,15 @@ class MultiprocessTest(parameterized.TestCase):
     self.assert_passed(rc, out, records, num_processes=processes, iterations=2,
                        checks=SCHEDULES + (MLP,) + GROWN, tol=1e-2 if dtype == "bf16" else 1e-3,
                        grown=True)
+
+  def test_repeated_op_call_sites_meet_across_processes(self):
+    # 12 calls of one shard_map'd op in one program share a call_id (JAX lowers the op once);
+    # each process keys them by the index of the instruction's instantiate-stage state, which
+    # must agree between the processes (both build the same executables in the same order).
+    rc, out, records = launch("--num-processes=2", "--devices-per-process=2",
+                              f"--checks={','.join(REPEATED)}", "--iterations=3")
+    self.assert_passed(rc, out, records, num_processes=2, iterations=3, checks=REPEATED,
+                       tol=1e-3)
 
   def test_peer_process_skips_a_call_times_out_then_recovers(self):
     """Process 1's device skips one call: process 0 fails at the timeout naming the phase and
