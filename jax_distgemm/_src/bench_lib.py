@@ -635,7 +635,7 @@ def chained_program(fn: Callable, sets: list, k: int):
   k = 1: fn compiled as is, on the sets as they are.
 
   NOTE: below ~0.1 ms a call, one dispatch per call leaves the GPU idle between calls (XLA's
-  dot idled 35-82 us per call at the decode stages on one H200, docs/performance.md W2), so
+  dot idled 18-82 us per call at the decode stages on one H200, docs/performance.md W2), so
   the wall clock times the host; k calls per dispatch divide that by k.
   """
   if k == 1:
