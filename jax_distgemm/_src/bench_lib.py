@@ -623,6 +623,10 @@ class Timed:
     # Noise can make the difference meaningless; never below half the plain per-call time.
     return max(diff, 0.5 * second / (2 * k * per))
 
+  def first_output(self):
+    """The output of the first call of the first program (on the first input set)."""
+    return first_call_output(self.call(*self.sets[0]), self.per_program)
+
 
 def chained_program(fn: Callable, sets: list, k: int):
   """(compiled, groups): `fn` applied to k input sets in one program, and the sets grouped k
@@ -659,6 +663,12 @@ def chained_program(fn: Callable, sets: list, k: int):
 def first_call_output(out, k: int):
   """The output of the first call of a chained_program (its groups[0][0] = sets[0])."""
   return out[0] if k > 1 else out
+
+
+def chained_entry(name: str, fn: Callable, sets: list, k: int) -> Timed:
+  """The Timed row of `fn` at k calls per program (chained_program)."""
+  call, groups = chained_program(fn, sets, k)
+  return Timed(name, call, groups, per_program=k)
 
 
 def round_order(entries: list, seed: int, r: int) -> list:
@@ -796,6 +806,7 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
   data = {"rotation_sets": n_sets, "set_bytes_per_device": set_bytes}
 
   entries: list[Timed] = []
+  k = opts.calls_per_program
   dist_rows = [r for r in ("ffi", "auto", "reference", "xla", "jit_auto", "windowed_einsum")
                if r in want]
   sets = None
@@ -811,7 +822,6 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
   if dist_rows:
     # The reference output every other implementation is checked against.
     progress("reference output")
-    k = opts.calls_per_program
     ref_call, fail = guarded(
         lambda: distributed_fn(case, mesh, "reference").lower(*sets[0]).compile())
     if fail is None:
@@ -823,17 +833,18 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
 
       def compile_(name=name, impl=impl):
         if name == "reference" and ref_failure is None and k == 1:
-          return ref_call, sets, hlo_summary(ref_call.as_text() or "")
-        fn = (auto_sharded_fn(case, mesh) if name in ("jit_auto", "windowed_einsum") else
-              distributed_fn(case, mesh, impl))
-        compiled, timed_sets = chained_program(fn, sets, k)
-        return compiled, timed_sets, hlo_summary(compiled.as_text() or "")
+          entry = Timed(name, ref_call, sets)
+        else:
+          fn = (auto_sharded_fn(case, mesh) if name in ("jit_auto", "windowed_einsum") else
+                distributed_fn(case, mesh, impl))
+          entry = chained_entry(name, fn, sets, k)
+        return entry, hlo_summary(entry.call.as_text() or "")
 
       got, fail = guarded(compile_)
       if fail:
         rows[name] = fail
         continue
-      call, timed_sets, hlo = got
+      entry, hlo = got
       extra: dict[str, Any] = {"hlo": hlo}
       if name == "auto":
         # The ring moves its operands by collective-permute, the reference by one collective.
@@ -846,8 +857,8 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
                            "windowed_dot_general loop in the compiled HLO); timed as compiled")
       # Correctness vs the reference, on set 0.
       if name != "reference":
-        def check(call=call, first=timed_sets[0]):
-          out = first_call_output(call(*first), k)
+        def check(entry=entry):
+          out = entry.first_output()
           if ref_out is None:
             jax.block_until_ready(out)
             return None
@@ -862,10 +873,9 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
       else:
         extra["rel_err"] = 0.0
       rows[name] = {"status": "pending", **extra}
-      entries.append(Timed(name, call, timed_sets, per_program=k))
+      entries.append(entry)
     ref_out = None  # the seed shape's output is GiBs per device: not kept while timing
 
-  ideal_sets = None
   if "ideal" in want:
     single = SingleDeviceSharding(devices[0])
     xi, wi, oi = case.ideal_shapes()
@@ -879,59 +889,50 @@ def _measure_case(case: Case, index: int, devices, opts: Options,
 
     def prep_ideal():
       s = make_sets(jax.random.fold_in(key, 1), n_ideal, xi, wi, ci, dt, (single,) * 3)
-      call, groups = chained_program(ideal_fn(case), s, opts.calls_per_program)
-      return groups, call
+      return chained_entry("ideal", ideal_fn(case), s, k)
 
-    got, fail = guarded(prep_ideal)
+    entry, fail = guarded(prep_ideal)
     if fail:
       rows["ideal"] = fail
     else:
-      ideal_sets, call = got
       rows["ideal"] = {"status": "pending"}
-      entries.append(Timed("ideal", call, ideal_sets, per_program=opts.calls_per_program))
+      entries.append(entry)
 
     if tp > 1:  # the same per-device operands, stacked [TP, ...] over the mesh
       progress("ideal on every device: drawing inputs, compiling")
 
       def prep_mesh_ideal():
         s = stacked_ideal_sets(jax.random.fold_in(key, 3), n_ideal, case, mesh)
-        call, groups = chained_program(ideal_all_devices_fn(case, mesh), s,
-                                       opts.calls_per_program)
-        return groups, call
+        return chained_entry("ideal_all_devices", ideal_all_devices_fn(case, mesh), s, k)
 
-      got, fail = guarded(prep_mesh_ideal)
+      entry, fail = guarded(prep_mesh_ideal)
       if fail:
         data["ideal_all_devices"] = fail
       else:
-        mesh_sets, call = got
-        entries.append(Timed("ideal_all_devices", call, mesh_sets,
-                             per_program=opts.calls_per_program))
+        entries.append(entry)
 
-  stage_sets = None
   if opts.local_gemm:
     sm, sk, sn = case.stage_shape()
     progress("local GEMM: XLA dot on the stage shape")
 
-    k = opts.calls_per_program
-
     def prep_stage():
       s = stage_rotating_sets(jax.random.fold_in(key, 2), case, devices[0], opts)
-      return s, chained_program(stage_dot_fn(case), s, k)
+      return s, chained_entry("local_xla_dot", stage_dot_fn(case), s, k)
 
     got, fail = guarded(prep_stage)
     data["local_gemm"] = {"stage_shape": [sm, sk, sn]}
     if fail:
       data["local_gemm"].update(fail)
     else:
-      stage_sets, (call, groups) = got
+      stage_sets, entry = got
       # Both sides of the ratio in the same rounds as the rows (same clocks and heat).
-      entries.append(Timed("local_xla_dot", call, groups, per_program=k))
-      ours, fail = guarded(
-          lambda: chained_program(local_stage_fn(case, devices[0]), stage_sets, k))
+      entries.append(entry)
+      ours, fail = guarded(lambda: chained_entry(
+          "local_cutlass", local_stage_fn(case, devices[0]), stage_sets, k))
       if fail:
         data["local_gemm"]["ratio_failure"] = fail
       else:
-        entries.append(Timed("local_cutlass", ours[0], ours[1], per_program=k))
+        entries.append(ours)
 
   time_interleaved(entries, opts, lambda msg: progress(f"timing: {msg}"))
   gpu = {e.name: monitor.stats(e.windows) for e in entries} if monitor is not None else {}
