@@ -70,9 +70,8 @@ def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
     return 2 * (tp - 1) * _round_up(math.prod(x_shape) * isz)
   if schedule == Schedule.AllGather1D_TilingCD_RotatingB:
     return 2 * (tp - 1) * _round_up(math.prod(w_shape) * isz)
-  tiling_a = schedule == Schedule.ReduceScatter1D_TilingA_RotatingC
-  batch, xm, xk, wn = math.prod(x_shape[:-2]), x_shape[-2], x_shape[-1], w_shape[-1]
-  sm, sn = (xm // tp, wn) if tiling_a else (xm, wn // tp)
+  batch, xk = math.prod(x_shape[:-2]), x_shape[-1]
+  sm, sn = _stage_rows_cols(x_shape, w_shape, schedule, tp)
   osz = jnp.dtype(out_dtype or dtype).itemsize
   running_sum = _round_up(batch * sm * sn * osz)
   path = rs_path(schedule, tp, batch, len(w_shape) > 2, sm, xk, sn)
@@ -83,15 +82,23 @@ def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
   return 2 * slots * running_sum
 
 
+def _stage_rows_cols(x_shape, w_shape, schedule: Schedule, tp: int) -> tuple[int, int]:
+  """(M, N) of one stage GEMM from the local x and w shapes: a ReduceScatter splits its rows
+  (TilingA) or columns (TilingB) into TP output tiles; an AllGather's stage is x's rows by
+  w's columns."""
+  sm, sn = x_shape[-2], w_shape[-1]
+  if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
+    return sm // tp, sn
+  if schedule == Schedule.ReduceScatter1D_TilingB_RotatingC:
+    return sm, sn // tp
+  return sm, sn
+
+
 def stage_tiles(x_shape, w_shape, schedule: Schedule, tp: int) -> int:
   """128x128 output tiles of one stage GEMM (the per-device problem has tp times as many),
   from the local x and w shapes."""
-  schedule = Schedule(schedule)
-  batch = math.prod(x_shape[:-2])
-  sm = x_shape[-2] // tp if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC else x_shape[-2]
-  sn = (w_shape[-1] // tp if schedule == Schedule.ReduceScatter1D_TilingB_RotatingC
-        else w_shape[-1])
-  return batch * -(-sm // _SMALL_TILE) * -(-sn // _SMALL_TILE)
+  sm, sn = _stage_rows_cols(x_shape, w_shape, Schedule(schedule), tp)
+  return math.prod(x_shape[:-2]) * -(-sm // _SMALL_TILE) * -(-sn // _SMALL_TILE)
 
 
 def xla_faster_reason(x, w, schedule: Schedule, tp: int) -> str | None:
