@@ -9,6 +9,7 @@ import os
 import threading
 
 import jax
+from jaxlib import xla_client as _xla_client
 
 try:
   from jax_distgemm.ffi import _distgemm_cpu
@@ -33,31 +34,55 @@ except ImportError as e:
 else:
   cuda_import_error = None
 
-for _name, _type in _distgemm_cpu.types().items():
-  jax.ffi.register_ffi_type(_name, _type, platform="cpu")
 _cpu_targets_lock = threading.Lock()
 _cpu_targets_registered = False
 
 
-def register_cpu_targets() -> None:
-  """Registers the CPU targets (once), after the CPU backend and with it our state type.
+def _flush_cpu_types() -> bool:
+  """Registers the queued CPU types with XLA now, before any CPU client exists.
 
   NOTE: the CPU target's instantiate stage keeps a state type (a call site; cc/cpu/
   distgemm_cpu.cc), which XLA needs registered before the handler.  jaxlib's make_cpu_client
   registers the targets queued before it existed ahead of the queued types, and then refuses
   the handler ("Types used by FFI handlers must be registered before the handler
-  registration"), so the target is registered here, at our primitive's first CPU lowering,
-  with the backend up (not at import: that would fix jax_num_cpu_devices before the user sets
-  it).
+  registration").  XLA's FFI type registry is process-wide, not the client's, so installing
+  jaxlib's own CPU type handler here (the one make_cpu_client installs, which then finds it
+  in place) registers our type at import, without starting the CPU client (that would fix
+  jax_num_cpu_devices before the user sets it).  jaxlib 0.11.2 and 0.12.0.1 both have it;
+  where a jaxlib does not, False: the target then waits for our first CPU lowering.
+  """
+  register = getattr(getattr(_xla_client, "_xla", None), "register_custom_type", None)
+  install = getattr(_xla_client, "register_custom_type_handler", None)
+  if register is None or install is None:  # pragma: no cover - another jaxlib
+    return False
+  install("cpu", register)
+  return True
+
+
+def register_cpu_targets() -> None:
+  """Registers the CPU targets with XLA (once).
+
+  Runs at import where the state type could be registered first (`_flush_cpu_types`), so a
+  program that reaches XLA without our lowering (a deserialized `jax.export` artifact) finds
+  the target; otherwise at our primitive's first CPU lowering, with the CPU client (which
+  registers the type as it starts) up.
   """
   global _cpu_targets_registered
   with _cpu_targets_lock:
     if _cpu_targets_registered:
       return
-    jax.devices("cpu")  # the CPU client, which registered our type as it started
+    if not _cpu_types_flushed:
+      jax.devices("cpu")  # the CPU client, which registered our type as it started
     for name, target in _distgemm_cpu.registrations().items():
       jax.ffi.register_ffi_target(name, target, platform="cpu")
     _cpu_targets_registered = True
+
+
+for _name, _type in _distgemm_cpu.types().items():
+  jax.ffi.register_ffi_type(_name, _type, platform="cpu")
+_cpu_types_flushed = _flush_cpu_types()
+if _cpu_types_flushed:
+  register_cpu_targets()
 
 
 if _distgemm_cuda is not None:

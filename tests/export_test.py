@@ -1,0 +1,82 @@
+"""A jax.export artifact of the FFI path runs in a fresh process that only imports jax_distgemm.
+
+The child never lowers our primitive (it deserializes XLA's module), so it finds the CPU target
+only if importing the package registered it (jax_distgemm/ffi/__init__.py, `_flush_cpu_types`).
+Before that, it failed with `NOT_FOUND: No FFI handler registered for jax_distgemm_v1`.
+"""
+
+import test_util as tu  # noqa: I001  (first: configures JAX before it initializes)
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax import export
+
+import jax_distgemm as jd
+from jax_distgemm import Schedule
+from jax_distgemm._src.primitives import TARGET_NAME
+
+TP = 2
+
+# The fresh process: TP fake CPU devices, the package imported and nothing else of ours called;
+# argv: a directory of <schedule>.bin artifacts and <schedule>.npz inputs; writes <schedule>.npy.
+_CHILD = f"""
+import os, sys
+import numpy as np
+import jax
+jax.config.update("jax_num_cpu_devices", {TP})
+import jax_distgemm  # noqa: F401  (registers the FFI targets)
+from jax import export
+d = sys.argv[1]
+mesh = jax.sharding.Mesh(np.array(jax.devices()[:{TP}]), ("tp",))
+for name in sys.argv[2:]:
+  exp = export.deserialize(bytearray(open(os.path.join(d, name + ".bin"), "rb").read()))
+  data = np.load(os.path.join(d, name + ".npz"))
+  args = [jax.device_put(data[k], s) for k, s in zip(("x", "w"), exp.in_shardings_jax(mesh))]
+  np.save(os.path.join(d, name + ".npy"), np.asarray(exp.call(*args)))
+"""
+
+
+class ExportTest(absltest.TestCase):
+
+  def test_exported_ffi_call_runs_in_a_fresh_process(self):
+    mesh = tu.mesh_1d(TP)
+    names, expected = [], {}
+    with tempfile.TemporaryDirectory() as d:
+      for schedule in Schedule:
+        xs, ws, os_ = tu.specs(schedule, 0)
+        x, w, _ = tu.random_inputs(tu.seed_of("export", schedule.name), (16, 32), (32, 24),
+                                   jnp.float32)
+        args, in_specs = tu.place(mesh, (xs, ws, os_), x, w)
+        f = jax.jit(jax.shard_map(
+            lambda a, b, s=schedule: jd.distributed_matmul(a, b, axis_name="tp", schedule=s,
+                                                           implementation="ffi"),
+            mesh=mesh, in_specs=in_specs, out_specs=os_))
+        exp = export.export(
+            f, disabled_checks=[export.DisabledSafetyCheck.custom_call(TARGET_NAME)])(*args)
+        self.assertIn(TARGET_NAME, exp.mlir_module())  # the artifact holds our call
+        with open(os.path.join(d, schedule.name + ".bin"), "wb") as fh:
+          fh.write(exp.serialize())
+        np.savez(os.path.join(d, schedule.name + ".npz"), x=np.asarray(x), w=np.asarray(w))
+        names.append(schedule.name)
+        expected[schedule.name] = tu.reference_np(x, w)
+      env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
+      env["JAX_PLATFORMS"] = "cpu"
+      proc = subprocess.run([sys.executable, "-c", _CHILD, d, *names], env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+      self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+      for name in names:
+        out = np.load(os.path.join(d, name + ".npy"))
+        with self.subTest(schedule=name):
+          self.assertEqual(out.shape, expected[name].shape)
+          self.assertLess(tu.rel_err(out, expected[name]), 1e-5)
+
+
+if __name__ == "__main__":
+  absltest.main()
