@@ -230,6 +230,27 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
     self.assertEqual(out.shape, (m, n))
     self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2))
 
+  @parameterized.product(schedule=SCHEDULES, with_c=(False, True))
+  def test_empty_contraction(self, schedule, with_c):
+    # K = 0: out = beta * c (zeros without c) of the right shape and sharding, and c's gradient
+    # is beta times the cotangent.  (A K = 0 dot inside shard_map crashed XLA:CPU, api.py.)
+    mesh = test_util.mesh_1d(4)
+    beta = 0.5 if with_c else 0.0
+    fn, in_specs, out_spec = self.build(schedule, mesh=mesh, pass_c=with_c, alpha=2.0,
+                                        beta=beta)
+    x, w, c = test_util.random_inputs(1, (M, 0), (0, N), jnp.float32,
+                                      c_shape=(M, N) if with_c else None)
+    args = [jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip((x, w, c) if with_c else (x, w), in_specs)]
+    out = fn(*args)
+    self.assertEqual(out.shape, (M, N))
+    self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2))
+    want = beta * np.asarray(c) if with_c else np.zeros((M, N), np.float32)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+    if with_c:
+      g = jax.grad(lambda *a: jnp.sum(fn(*a) * 3.0), argnums=2)(*args)
+      np.testing.assert_allclose(np.asarray(g), np.full((M, N), 1.5, np.float32), rtol=1e-6)
+
   @parameterized.product(schedule=SCHEDULES)
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)

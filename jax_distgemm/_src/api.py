@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from jax_distgemm import ffi as ffi_modules
 from jax_distgemm._src import autodiff, config, primitives, reference, validation, xla_ring
-from jax_distgemm._src.schedules import Schedule
+from jax_distgemm._src.schedules import Schedule, output_shape
 
 IMPLEMENTATIONS = ("ffi", "xla", "reference")
 
@@ -219,7 +219,23 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     c = None
   # Matched before the custom_vjp, so cotangents have the operands' types (autodiff.py).
   x, w, c = _match_vma(x, w, c)
+  if x.shape[-1] == 0:
+    return _empty_contraction(x, w, c, params)
   return _matmul(x, w, c, params)
+
+
+def _empty_contraction(x, w, c, p: autodiff.Params):
+  """K = 0: out = beta * c, or zeros of the output's shape; nothing is gathered or reduced.
+
+  NOTE: a dot with K = 0 inside shard_map crashes XLA:CPU's compiler (segfault, jaxlib 0.11.2),
+  whichever implementation lowers it, "reference" and a plain `a @ b` included, so no
+  implementation gets this case.
+  """
+  shape = output_shape(p.schedule, x.shape, w.shape, p.tp)
+  zeros = jnp.zeros(shape, jnp.float32)
+  if axes := tuple(sorted(_varying(x) | _varying(w))):
+    zeros = jax.lax.pcast(zeros, axes, to="varying")  # varies like the product would
+  return reference.epilogue(zeros, c, alpha=1.0, beta=p.beta, out_dtype=p.out_dtype)
 
 
 def all_gather_matmul(x, w, c=None, *, axis_name, gathered: str = "x", alpha: float = 1.0,
