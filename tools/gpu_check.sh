@@ -10,7 +10,9 @@
 # small-batch shapes (bench's --suite small), written to the same $OUT/bench.{json,png,log}.
 #
 # --virtual-tp-only (also part of the default, after the GPU tests): every schedule and data path
-# at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it
+# at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it, the AllGather
+# cases with a gathered result among them, a control run that must fail, and at TP 2 and 8 a
+# dead peer in the gathered cases, which must end in timeouts, not a hang
 # (tools/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a
 # CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
 # as NOT RUN, with --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per
@@ -85,6 +87,17 @@ virtual_tp() {
   set -e
   log "virtual TP=4 control (wrong reference): exit $rc; $(grep -c 'control OK' "$OUT/virtual_tp4_control.log") cases caught the error, $(grep -c 'not caught' "$OUT/virtual_tp4_control.log") did not"
   [[ $rc -ne 0 ]] && return 1
+  # A dead peer (rank 0 never pushes) in the cases with a gathered result: every rank must
+  # return, ranks 1..TP-1 with the timeout error (the watchdog ends a hung run, exit status 3).
+  for tp in 2 8; do
+    set +e
+    timeout "${VTP_TIMEOUT:-60}" "$bin" --tp $tp --fault 1 --timeout-ms 500 \
+      > "$OUT/virtual_tp${tp}_fault.log" 2>&1
+    rc=$?
+    set -e
+    log "virtual TP=$tp fault (rank 0 never pushes): exit $rc; $(grep -c 'fault OK' "$OUT/virtual_tp${tp}_fault.log") cases returned on every rank with the timeout on ranks 1..TP-1, $(grep -c 'fault FAIL' "$OUT/virtual_tp${tp}_fault.log") did not"
+    [[ $rc -ne 0 ]] && return 1
+  done
   return 0
 }
 if [[ "$MODE" == --virtual-tp-only ]]; then

@@ -1,6 +1,7 @@
 // Tool, not part of the package: the CUDA executor at any TP from 2 to 8 on ONE GPU, every rank
 // of the group a "virtual device" on the same ordinal.  Checks every schedule and data path against
 // a naive fp32 GEMM on the same GPU, over several calls (both parities, rising epochs).
+// AllGather cases with a gathered result check it bit-exactly against the shards.
 //
 // What it exercises: the executor's index math, slot and flag traffic, epochs, fused grids and
 // copy-engine pushes at TP > 2, which the lent two-GPU machines cannot reach (the CPU suite runs
@@ -18,8 +19,11 @@
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
-//       [--control 1]
+//       [--control 1] [--fault 1]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
+// --fault 1: rank 0 never pushes (CallOptions::skip_signals) in the "+gathered" cases; each
+// passes if every rank returns (no hang: the copy stream's waits on its own grid's marks must
+// end, executor.cc CopyGathered) and ranks 1..TP-1 report the peer timeout.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -110,6 +114,7 @@ struct Case {
   int rs_fused;      // RsFused
   bool fuse_stages;  // AllGather: one fused grid
   int ag_chunks;     // AllGather: pushed chunks (0: automatic)
+  bool gathered = false;  // AllGather: also return the gathered operand (CallBuffers::gathered)
 };
 
 struct Shapes {
@@ -189,7 +194,7 @@ const char* PathName(const Case& c) {
   if (c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
       c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
     s = std::string(c.fuse_stages ? "fused" : "per-stage") + " chunks=" +
-        std::to_string(c.ag_chunks);
+        std::to_string(c.ag_chunks) + (c.gathered ? " +gathered" : "");
   } else {
     const char* p = jdg::RsPathName(c.rs_path);
     s = std::string(*p ? p : "auto") + (c.rs_fused == jdg::kRsFusedOn ? " fused" : "");
@@ -201,6 +206,7 @@ bool verbose = false;  // --verbose 1: a line per rank and call
 // --control 1: compare each rank's output with its right neighbour's expected output instead,
 // so that every case must FAIL: shows that the check can fail (printed as "control ...").
 bool control = false;
+bool fault = false;  // --fault 1 (see the file comment)
 
 // Where each rank's thread is (the watchdog prints it when a call stalls).
 enum Phase : int { kIdle = 0, kSetup = 1, kEnqueue = 2, kSync = 3, kDone = 4 };
@@ -251,9 +257,15 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                           c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB;
   const int sm_cap = std::max(2, (132 / (2 * tp)) & ~1);
 
-  std::vector<void*> x(tp), w(tp), out(tp);
+  std::vector<void*> x(tp), w(tp), out(tp), gathered(tp, nullptr);
   std::vector<float*> ref(tp), got(tp);
   const int64_t x_elems = g_batch * xs[0] * xs[1], out_elems = g_batch * os[0] * os[1];
+  // The gathered operand: x's rows (RotatingA, [L, TP xm, xk]) or w's columns (RotatingB,
+  // [wk, TP wn]) of every rank, 16-bit like the shards; rank j's shard is row block j of each
+  // of `g_rows` rows (Problem::GatheredRows / GatheredWidth).
+  const bool rot_a = c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
+  const int64_t shard_elems = rot_a ? x_elems : ws[0] * ws[1];
+  const int64_t g_rows = p.GatheredRows(), g_width = p.GatheredWidth();
   const size_t out_size = g_out_f32 ? 4 : 2;
   for (int r = 0; r < tp; ++r) {
     CHECK_CUDA(cudaMalloc(&x[r], x_elems * 2));
@@ -261,6 +273,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     CHECK_CUDA(cudaMalloc(&out[r], out_elems * out_size));
     CHECK_CUDA(cudaMalloc(&ref[r], out_elems * 4));
     CHECK_CUDA(cudaMalloc(&got[r], out_elems * 4));
+    if (c.gathered) CHECK_CUDA(cudaMalloc(&gathered[r], tp * shard_elems * 2));
   }
   // Each rank's main stream, created before the group's copy streams (first call's setup).
   std::vector<cudaStream_t> streams(tp);
@@ -275,6 +288,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     for (int r = 0; r < tp; ++r) {
       Fill(x[r], x_elems, 1000u * call + 2u * r + 1u);
       Fill(w[r], ws[0] * ws[1], 1000u * call + 2u * r + 2u);
+      if (c.gathered) CHECK_CUDA(cudaMemset(gathered[r], 0xff, tp * shard_elems * 2));  // NaNs
     }
     for (int r = 0; r < tp; ++r) {
       Expected(c.schedule, tp, control ? (r + 1) % tp : r, g, x, w, ref[r]);
@@ -296,7 +310,10 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
         group->dev(r).sm_count = std::min(group->dev(r).sm_count, sm_cap);
         g_phase[r] = kEnqueue;
         if (err.empty()) {
-          err = jc::EnqueueDistGemm(p, r, *group, {x[r], w[r], nullptr, out[r]}, opt, stream);
+          jc::CallOptions mine = opt;
+          mine.skip_signals = fault && r == 0;
+          err = jc::EnqueueDistGemm(p, r, *group, {x[r], w[r], nullptr, out[r], gathered[r]},
+                                    mine, stream);
         }
         g_phase[r] = kSync;
         if (cudaError_t e = cudaStreamSynchronize(stream); err.empty() && e != cudaSuccess) {
@@ -317,6 +334,21 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
       });
     }
     for (auto& t : threads) t.join();
+    if (fault) {
+      // Every rank came back (else the watchdog ends the run); each rank but 0, whose peers all
+      // delivered, must report the timeout.  Rank 0 sees the group's shared error record only
+      // if it looks after the others' waits ended, so it is not counted.
+      int reported = 0;
+      for (int r = 1; r < tp; ++r) {
+        reported += errors[r].find("a wait on a peer timed out") != std::string::npos;
+      }
+      std::printf("%-36s %-22s fault %s  %d of ranks 1-%d returned the timeout error: %s\n",
+                  jdg::ScheduleName(c.schedule), PathName(c),
+                  reported == tp - 1 ? "OK  " : "FAIL", reported, tp - 1,
+                  errors[tp - 1].c_str());
+      ok = reported == tp - 1;
+      break;
+    }
     for (int r = 0; r < tp; ++r) {
       if (!errors[r].empty() && first_error.empty()) {
         first_error = "rank " + std::to_string(r) + ": " + errors[r];
@@ -332,7 +364,40 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     // or misplaced tile or partial is O(1).
     const double tol = 1e-3 + (g_out_f32 ? 0.0 : std::ldexp(1.0, -8) * (all_gather ? 1 : tp));
     std::vector<float> h(out_elems), hr(out_elems);
+    // Expected gathered operand, from every rank's shard (--control: rank j+1's in block j).
+    std::vector<uint16_t> want_g, got_g;
+    if (c.gathered) {
+      want_g.resize(tp * shard_elems);
+      got_g.resize(tp * shard_elems);
+      std::vector<uint16_t> shard(shard_elems);
+      for (int j = 0; j < tp; ++j) {
+        const int src = control ? (j + 1) % tp : j;
+        CHECK_CUDA(cudaMemcpy(shard.data(), rot_a ? x[src] : w[src], shard_elems * 2,
+                              cudaMemcpyDeviceToHost));
+        for (int64_t row = 0; row < g_rows; ++row) {
+          std::memcpy(&want_g[(row * tp + j) * g_width], &shard[row * g_width], g_width * 2);
+        }
+      }
+    }
     for (int r = 0; r < tp && ok; ++r) {
+      if (c.gathered) {
+        CHECK_CUDA(cudaMemcpy(got_g.data(), gathered[r], tp * shard_elems * 2,
+                              cudaMemcpyDeviceToHost));
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < tp * shard_elems; ++i) {
+          if (got_g[i] != want_g[i]) {
+            if (first < 0) first = i;
+            ++bad;
+          }
+        }
+        if (bad > 0) {
+          ok = false;
+          first_error = "call " + std::to_string(call) + " rank " + std::to_string(r) +
+                        ": gathered differs from the shards at " + std::to_string(bad) +
+                        " elements (first " + std::to_string(first) + ")";
+          break;
+        }
+      }
       if (g_out_f32) {
         CHECK_CUDA(cudaMemcpy(got[r], out[r], out_elems * 4, cudaMemcpyDeviceToDevice));
       } else if (g_f16) {
@@ -360,7 +425,9 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
       }
     }
   }
-  if (control) {  // the check must have caught the wrong reference on the first call
+  if (fault) {
+    // printed above
+  } else if (control) {  // the check must have caught the wrong reference on the first call
     const bool caught = !ok && first_error.rfind("call 0 rank 0:", 0) == 0;
     std::printf("%-36s %-22s control %s  %s\n", jdg::ScheduleName(c.schedule), PathName(c),
                 caught ? "OK (caught)" : "FAIL (not caught)", first_error.c_str());
@@ -378,6 +445,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     cudaFree(out[r]);
     cudaFree(ref[r]);
     cudaFree(got[r]);
+    if (gathered[r] != nullptr) cudaFree(gathered[r]);
   }
   // A timed-out group keeps its sticky error; later cases use fresh groups.
   return ok;
@@ -410,6 +478,7 @@ int main(int argc, char** argv) {
   const int only = int(Arg(argc, argv, "--case", -1));  // one case by index, -1: all
   verbose = Arg(argc, argv, "--verbose", 0) != 0;
   control = Arg(argc, argv, "--control", 0) != 0;
+  fault = Arg(argc, argv, "--fault", 0) != 0;
   g_f16 = Arg(argc, argv, "--f16", 0) != 0;
   g_out_f32 = Arg(argc, argv, "--out-f32", 0) != 0;
   g_batch = std::max<int64_t>(1, Arg(argc, argv, "--batch", 1));
@@ -469,11 +538,19 @@ int main(int argc, char** argv) {
       {kRsB, jdg::kRsCopyAdd, 0, true, 0},
       {kRsB, jdg::kRsPush, jdg::kRsFusedOn, true, 0},
       {kRsB, jdg::kRsCopyRing, 0, true, 0},
+      // AllGather with the gathered operand (the ReduceScatter backward's; CopyGathered)
+      {kAgA, 0, 0, true, 0, true},
+      {kAgA, 0, 0, true, 2, true},
+      {kAgA, 0, 0, false, 0, true},
+      {kAgB, 0, 0, true, 0, true},
+      {kAgB, 0, 0, true, 2, true},
+      {kAgB, 0, 0, false, 2, true},
   };
   bool all = true;
   int base = 1000;
   for (int i = 0; i < int(sizeof(cases) / sizeof(cases[0])); ++i, base += 100) {
     if (only >= 0 && i != only) continue;
+    if (fault && !cases[i].gathered) continue;
     all = RunCase(cases[i], tp, g, calls, timeout_ms, base) && all;
   }
   std::printf("%s\n", all ? "ALL OK" : "FAILED");

@@ -66,6 +66,20 @@ inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w
   return ffi::Error::Success();
 }
 
+// Checks an AllGather call's optional second result, the gathered operand (CheckGathered).
+inline ffi::Error DecodeGathered(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                 const ffi::AnyBuffer& gathered, const Problem& p) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto gd = gathered.dimensions();
+  std::string err = CheckGathered(p, xd.begin(), static_cast<int>(xd.size()), wd.begin(),
+                                  static_cast<int>(wd.size()), gd.begin(),
+                                  static_cast<int>(gd.size()),
+                                  ToElemType(gathered.element_type()));
+  if (!err.empty()) return InvalidArgument(err);
+  return ffi::Error::Success();
+}
+
 // Rank of `device_id` in the call's TP groups and the index of its group, or an error.
 inline ffi::Error LocateDevice(const CallAttrs& a, int64_t device_id, int* rank, int* group) {
   *rank = FindRank(a.groups.begin(), static_cast<int64_t>(a.groups.size()),

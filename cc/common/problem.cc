@@ -67,6 +67,14 @@ MatrixView Problem::OutView(int tile) const {
   return v;
 }
 
+int64_t Problem::GatheredRows() const {
+  return schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ? batch
+                                                                     : (w_batched ? batch : 1) * wk;
+}
+int64_t Problem::GatheredWidth() const {
+  return schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ? xm * xk : wn;
+}
+
 MatrixView Problem::PartialView() const { return MatrixView{0, sn(), sm() * sn()}; }
 
 bool RsGatherApplies(const Problem& p) {
@@ -164,6 +172,34 @@ std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, in
     for (int i = 0; c_ok && i < c_rank; ++i) c_ok = c_dims[i] == out_dims[i];
     if (!c_ok) return "c: must have the output's shape " + Dims(out_dims, out_rank) + ", got " +
                       Dims(c_dims, c_rank);
+  }
+  return "";
+}
+
+std::string CheckGathered(const Problem& p, const int64_t* x_dims, int x_rank,
+                          const int64_t* w_dims, int w_rank, const int64_t* dims, int rank,
+                          ElemType type) {
+  if (!IsAllGather(p.schedule)) {
+    return std::string("gathered: only an AllGather schedule returns its gathered operand, not ") +
+           ScheduleName(p.schedule);
+  }
+  if (type != p.in_type) {
+    return std::string("gathered: must have the inputs' dtype ") + ElemName(p.in_type) +
+           ", got " + ElemName(type);
+  }
+  const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
+  const int64_t* like = rot_a ? x_dims : w_dims;
+  const int like_rank = rot_a ? x_rank : w_rank;
+  const int scaled = rot_a ? like_rank - 2 : like_rank - 1;  // rows of x, columns of w
+  bool ok = rank == like_rank;
+  for (int i = 0; ok && i < rank; ++i) {
+    ok = dims[i] == (i == scaled ? like[i] * p.tp : like[i]);
+  }
+  if (!ok) {
+    std::ostringstream err;
+    err << "gathered: expected " << (rot_a ? "x" : "w") << "'s shape " << Dims(like, like_rank)
+        << " with dim " << scaled << " times TP=" << p.tp << ", got " << Dims(dims, rank);
+    return err.str();
   }
   return "";
 }

@@ -53,6 +53,12 @@ struct Problem {
   MatrixView PartialView() const;
   int64_t PartialElems() const { return batch * sm() * sn(); }
 
+  // The gathered operand (CheckGathered) as rows: rank r's shard (packed, GatheredRows() rows
+  // of GatheredWidth() elements) fills elements [r W, (r + 1) W) of each row of TP W.
+  // RotatingA: a row per batch, W = xm xk; RotatingB: a row per row of w, W = wn.
+  int64_t GatheredRows() const;
+  int64_t GatheredWidth() const;
+
   int64_t XElems() const { return batch * xm * xk; }
   int64_t WElems() const { return (w_batched ? batch : 1) * wk * wn; }
   int64_t OutElems() const { return batch * om * on; }
@@ -83,6 +89,14 @@ std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, in
                         ElemType x_type, ElemType w_type, ElemType out_type, bool has_c,
                         const int64_t* c_dims, int c_rank, float alpha, float beta,
                         Problem* problem);
+
+// The gathered operand an AllGather call may also return (its second result): the rotating
+// shard of every rank in rank order, i.e. x with TP * xm rows (RotatingA: [L, TP xm, xk]) or w
+// with TP * wn columns (RotatingB: [wk, TP wn] or [L, wk, TP wn]), in the input dtype.  Checks
+// `dims` (its shape) and `type` against `p`; "" or a message naming the rule.
+std::string CheckGathered(const Problem& p, const int64_t* x_dims, int x_rank,
+                          const int64_t* w_dims, int w_rank, const int64_t* dims, int rank,
+                          ElemType type);
 
 // Finds `device_id` in `groups` (num_groups x tp, row-major).  Returns its rank and group
 // index, or -1 if absent.

@@ -5,7 +5,8 @@
 // peers' buffers in place.  The Exchange is a host Session when the whole TP group is in this
 // process, POSIX shared memory when some members are in other processes (cc/common/shm_exchange.h):
 //
-//   AllGather:     publish x, w  | barrier | TP stages, each reading one peer's shard | barrier
+//   AllGather:     publish x, w  | barrier | TP stages, each reading one peer's shard (and,
+//                  if asked, copying it into the gathered result) | barrier
 //   ReduceScatter: publish x, w, running sums | TP stages, a barrier after each (the right
 //                  neighbour reads what this stage wrote) | barrier
 //   ReduceScatter by gathering (TilingA, one batch; RsGatherRequested): publish x, w | barrier
@@ -21,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -63,9 +65,20 @@ CpuGemmArgs StageGemm(const Problem& p) {
   return g;
 }
 
+// Copies rank `src`'s shard (packed) into its block of the gathered result (Problem's
+// GatheredRows / GatheredWidth).
+void CopyIntoGathered(const Problem& p, int src, const void* shard, void* gathered) {
+  const int64_t rows = p.GatheredRows(), width = p.GatheredWidth();
+  const size_t esz = ElemSize(p.in_type);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<uint8_t*>(gathered) + ((r * p.tp + src) * width) * esz,
+                static_cast<const uint8_t*>(shard) + r * width * esz, width * esz);
+  }
+}
+
 template <class Sched>
 std::string RunAllGather(const Problem& p, int rank, int64_t device, Exchange& s, const void* x,
-                         const void* w, const void* c, void* out,
+                         const void* w, const void* c, void* out, void* gathered,
                          std::chrono::milliseconds timeout) {
   constexpr bool kRotatingA = Sched::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
   // Peers read a copy of the rotating shard owned by the exchange, never XLA's buffer: after a
@@ -80,6 +93,7 @@ std::string RunAllGather(const Problem& p, int rank, int64_t device, Exchange& s
     const int tile = Sched::OutputTile(rank, i, p.tp);
     CpuGemmArgs g = StageGemm(p);
     const void* rotating = s.PeerBuffer(src, bytes);
+    if (gathered != nullptr) CopyIntoGathered(p, src, rotating, gathered);
     g.a = kRotatingA ? rotating : x;
     g.a_view = p.AView(tile);
     g.b = kRotatingA ? w : rotating;
@@ -223,6 +237,7 @@ struct CpuCall {
   const void* w = nullptr;
   const void* c = nullptr;
   void* out = nullptr;
+  void* gathered = nullptr;  // AllGather's optional second result
   std::chrono::milliseconds timeout{0};
   // In-process meeting: the session key.  Cross-process: the channel and its occurrence.
   bool cross_process = false;
@@ -237,7 +252,7 @@ struct CpuCall {
       using S = decltype(sched);
       if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
                     S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
-        return RunAllGather<S>(p, rank, device_id, ex, x, w, c, out, timeout);
+        return RunAllGather<S>(p, rank, device_id, ex, x, w, c, out, gathered, timeout);
       } else {
         if (RsGatherRequested(p)) {
           return RunReduceScatterGather(p, rank, device_id, ex, x, w, c, out, timeout);
@@ -337,9 +352,10 @@ ffi::Future Completed(ffi::Error error) {
 // waits for a peer.
 ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite* site,
                             ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
-                            ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
-                            ffi::Span<const int64_t> groups, float alpha, float beta,
-                            int64_t call_id_attr, int64_t timeout_ms) {
+                            ffi::Result<ffi::AnyBuffer> out,
+                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
+                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
+                            float alpha, float beta, int64_t call_id_attr, int64_t timeout_ms) {
   const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id_attr, timeout_ms};
   if (site->index >= (int64_t{1} << 15) || (call_id_attr & 0xffff0000) != 0) {
     return Completed(InvalidArgument(
@@ -350,6 +366,12 @@ ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite*
   auto call = std::make_shared<CpuCall>();
   if (auto err = DecodeProblem(x, w, c, *out, attrs, &call->p); err.failure()) {
     return Completed(std::move(err));
+  }
+  if (gathered.has_value()) {
+    if (auto err = DecodeGathered(x, w, **gathered, call->p); err.failure()) {
+      return Completed(std::move(err));
+    }
+    call->gathered = (*gathered)->untyped_data();
   }
   const int64_t device_id = GlobalDeviceId(kPlatformCpu, device_ordinal);
   int rank = -1, group = -1;
@@ -423,6 +445,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
                                   .Arg<ffi::AnyBuffer>()      // w
                                   .Arg<ffi::AnyBuffer>()      // c (output dtype; 0 elements if absent)
                                   .Ret<ffi::AnyBuffer>()      // out
+                                  .OptionalRet<ffi::AnyBuffer>()  // gathered operand (AllGather)
                                   .Attr<int32_t>("schedule")  // ScheduleKind
                                   .Attr<int64_t>("tp")        // TP group size
                                   .Attr<ffi::Span<const int64_t>>("groups")  // ids, [G, tp]

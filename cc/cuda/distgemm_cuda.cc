@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,10 @@ bool FuseStages() {  // on unless JAX_DISTGEMM_AG_FUSED=0 or set_fused_stages(Fa
 
 ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
                             ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
-                            ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
-                            ffi::Span<const int64_t> groups, float alpha, float beta,
-                            int64_t call_id, int64_t timeout_ms) {
+                            ffi::Result<ffi::AnyBuffer> out,
+                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
+                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms) {
   const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
   Problem p;
   if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
@@ -60,6 +62,9 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                            "adds beta * c after the call)");
   }
   if (tp > kMaxTp) return InvalidArgument("tp: at most 64 on CUDA");
+  if (gathered.has_value()) {
+    if (auto err = DecodeGathered(x, w, **gathered, p); err.failure()) return err;
+  }
 
   // Rank and group: the attribute holds global device ids; map them to local ordinals.
   const int64_t my_id = GlobalDeviceId(kPlatformCuda, device_ordinal);
@@ -97,7 +102,8 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
     return Internal("cudaSetDevice failed: " + std::string(cudaGetErrorString(cudaGetLastError())));
   }
   CallBuffers buffers{x.untyped_data(), w.untyped_data(),
-                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data()};
+                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data(),
+                      gathered.has_value() ? (*gathered)->untyped_data() : nullptr};
   CallOptions options;
   options.timeout_ms = timeout_ms;
   const int fault_kind = device_ordinal == g_fault_device.load() ? g_fault_kind.load() : -1;
@@ -137,9 +143,10 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
 // No exception may cross the FFI boundary (std::terminate would take the process down).
 ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
                             ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
-                            ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
-                            ffi::Span<const int64_t> groups, float alpha, float beta,
-                            int64_t call_id, int64_t timeout_ms) {
+                            ffi::Result<ffi::AnyBuffer> out,
+                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
+                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms) {
   try {
     const auto now = [] {
       return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -147,8 +154,9 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
     };
     const bool traced = TraceEnabled();
     const uint64_t begin = traced ? now() : 0;
-    ffi::Error result = DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, schedule,
-                                         tp, groups, alpha, beta, call_id, timeout_ms);
+    ffi::Error result = DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out,
+                                         gathered, schedule, tp, groups, alpha, beta, call_id,
+                                         timeout_ms);
     if (traced) TraceHostCall(device_ordinal, -1, begin, now());
     return result;
   } catch (const std::exception& e) {
@@ -225,6 +233,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()                     // w
         .Arg<ffi::AnyBuffer>()                     // c (output dtype; 0 elements if absent)
         .Ret<ffi::AnyBuffer>()                     // out
+        .OptionalRet<ffi::AnyBuffer>()             // gathered operand (AllGather; if asked)
         .Attr<int32_t>("schedule")                 // ScheduleKind
         .Attr<int64_t>("tp")                       // TP group size
         .Attr<ffi::Span<const int64_t>>("groups")  // global device ids, [G, tp]

@@ -7,7 +7,10 @@
 //                   push -> (r-2)%TP for its stage 2 ...
 //
 //   Stage 0 starts at once on the local shard while the copy engine pushes this device's
-//   shard into every peer's slot (the peer that needs it soonest first).  Optionally
+//   shard into every peer's slot (the peer that needs it soonest first).  With a gathered
+//   result (CallBuffers::gathered) the copy stream then copies the own shard into it, and
+//   each slot i-1 once stage i's GEMM has marked its wait done (SeenMark): local copies
+//   under the stages, before the join.  Optionally
 //   (JAX_DISTGEMM_AG_CHUNKS) the shard travels in chunks, each with its own flag: in the fused
 //   grid each tile of stage i waits only for the chunk it reads; with stage launches
 //   (JAX_DISTGEMM_AG_FUSED=0) stage i runs one GEMM per chunk.
@@ -315,6 +318,53 @@ std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage
 // The failure of the last CUDA call, named after what it was doing.
 std::string CudaFailure(const char* what) { return CudaError(what, cudaGetLastError()); }
 
+// Copies rank `src`'s shard (packed, as pushed) into its block of the gathered result
+// (Problem::GatheredRows / GatheredWidth): one copy when there is one row, else a 2-D copy.
+cudaError_t CopyIntoGathered(const Problem& p, int src, const void* shard, void* gathered,
+                             cudaStream_t stream) {
+  const size_t esz = ElemSize(p.in_type);
+  const size_t width = static_cast<size_t>(p.GatheredWidth()) * esz;
+  const size_t pitch = width * p.tp;
+  const int64_t rows = p.GatheredRows();
+  uint8_t* d = static_cast<uint8_t*>(gathered) + src * width;
+  const uint8_t* s = static_cast<const uint8_t*>(shard);
+  if (rows == 1) return cudaMemcpyAsync(d, s, width, cudaMemcpyDeviceToDevice, stream);
+  if (pitch <= static_cast<size_t>(INT32_MAX)) {  // cudaMemcpy2D's pitch limit (memPitch)
+    return cudaMemcpy2DAsync(d, pitch, s, width, width, rows, cudaMemcpyDeviceToDevice, stream);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (cudaError_t e = cudaMemcpyAsync(d + r * pitch, s + r * width, width,
+                                        cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+// AllGather with a gathered result, on the copy stream after the pushes and the stage GEMMs
+// are enqueued: the own shard, then each slot i-1 after stage i's mark of chunk `chunks`-1
+// (its GEMM waited for that chunk, the last to land: chunks travel in order).
+// NOTE: the stream waits on marks of our own grids, whose flag waits are bounded (and mark
+// even after a timeout), never on a peer's flag: a dead peer cannot hang the copy stream.
+template <class Sched>
+std::string CopyGathered(const Problem& p, int rank, DeviceState& me, const void* shard,
+                         void* gathered, int chunks, uint32_t epoch) {
+  if (cudaError_t e = CopyIntoGathered(p, rank, shard, gathered, me.copy_stream);
+      e != cudaSuccess) {
+    return CudaError("copy own shard into gathered", e);
+  }
+  for (int i = 1; i < p.tp; ++i) {
+    cudaError_t e = StreamWaitValue32(me.copy_stream, me.flags + SeenMark(i, chunks - 1), epoch);
+    if (e == cudaSuccess) {
+      e = CopyIntoGathered(p, Sched::Source(rank, i, p.tp), Slot(me, p, epoch, i - 1), gathered,
+                           me.copy_stream);
+    }
+    if (e != cudaSuccess) return CudaError("copy slot into gathered", e);
+  }
+  return "";
+}
+
 template <class Sched>
 std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
                              const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
@@ -328,6 +378,14 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   const int chunks = AgChunks(p, o, fused);
   const int64_t extent = kRotA ? p.xm : p.wn;  // split dimension of the shard
   const size_t isz = ElemSize(p.in_type);
+  const bool gather_out = b.gathered != nullptr && tp > 1;
+  if (b.gathered != nullptr && tp == 1) {  // the gathered operand is the shard itself
+    if (cudaError_t e = cudaMemcpyAsync(b.gathered, shard, shard_bytes, cudaMemcpyDeviceToDevice,
+                                        stream);
+        e != cudaSuccess) {
+      return CudaError("copy shard into gathered", e);
+    }
+  }
 
   // Pushes on the copy stream, after the inputs are ready on the main stream.
   if (tp > 1) {
@@ -361,17 +419,29 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       }
     }
   }
-  // How the main stream learns that the pushes (which read the caller's shard) are done: the
-  // fused grid waits for kPushDoneFlag before it completes, or an event join at the end.
+  // How the main stream learns that the pushes (which read the caller's shard) and the
+  // gathered copies are done: the fused grid waits for kPushDoneFlag before it completes, or an
+  // event join at the end.  With a gathered result the copies, and so the join, follow the
+  // GEMMs' enqueue (CopyGathered waits for their marks).
   const bool kernel_join = fused && o.ag_kernel_join;
-  if (tp > 1) {
+  auto join_copy_stream = [&]() -> std::string {
+    if (tp == 1) return "";
+    if (gather_out) {
+      if (std::string err = CopyGathered<Sched>(p, rank, me, shard, b.gathered, chunks, epoch);
+          !err.empty()) {
+        return err;
+      }
+    }
     cudaError_t e = cudaSuccess;
     if (!kernel_join) {
       e = cudaEventRecord(me.join, me.copy_stream);
     } else if (!o.skip_push_done) {  // (the fault hook skips the mark)
       e = StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag, epoch);
     }
-    if (e != cudaSuccess) return CudaError("join copy stream", e);
+    return e == cudaSuccess ? "" : CudaError("join copy stream", e);
+  };
+  if (!gather_out) {
+    if (std::string err = join_copy_stream(); !err.empty()) return err;
   }
 
   if (fused) {
@@ -396,6 +466,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       if (i > 0) {
         f.wait_flag[i] = me.flags + FlagIndex(i, 0);
         f.peer[i] = Sched::Source(rank, i, tp);
+        if (gather_out) f.seen_flag[i] = me.flags + SeenMark(i, 0);
       }
     }
     if (kernel_join) f.exit_wait_flag = me.flags + kPushDoneFlag;
@@ -430,6 +501,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
         if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset + d_off, p.out_type), ov, p.beta);
         if (i > 0) {
           SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
+          if (gather_out) g.sync.seen_flag = me.flags + SeenMark(i, c);
         }
         // Every launch after the call's first writes its own rows or columns of out and reads
         // x, w and peers' slots only: it may run into the previous launch's tail.
@@ -437,6 +509,9 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
         if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
       }
     }
+  }
+  if (gather_out) {
+    if (std::string err = join_copy_stream(); !err.empty()) return err;
   }
   // XLA may reuse the shard's buffer once we return: the pushes must be done by then.
   if (tp > 1 && !kernel_join && cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) {

@@ -19,6 +19,9 @@ struct CallBuffers {
   const void* w = nullptr;
   const void* c = nullptr;  // output dtype, output shape; AllGather only
   void* out = nullptr;
+  // AllGather only, optional: the gathered operand (problem.h CheckGathered), nullptr if not
+  // asked for; filled from the shards the stages receive (executor.cc, CopyGathered).
+  void* gathered = nullptr;
 };
 
 struct CallOptions {

@@ -67,6 +67,10 @@ struct FusedStages {
   void* d[kMaxFusedStages] = {};
   const uint32_t* wait_flag[kMaxFusedStages] = {};
   int32_t peer[kMaxFusedStages] = {};  // rank that signals wait_flag[s] / c_wait_flag[s]
+  // AllGather with a gathered result: a producer warp that has waited for wait_flag[s] + c
+  // (arrived or timed out, or skipped after an earlier timeout) stores the epoch to
+  // seen_flag[s] + c (peer_state.h SeenMark); nullptr: no marks.
+  uint32_t* seen_flag[kMaxFusedStages] = {};
   void** table = nullptr;  // kFusedTableEntries entries
   // ReduceScatter (remote C, executor.cc): beta per stage (stage 0 has no running sum yet: 0,
   // and CUTLASS then skips its C loads), the epilogue's C loads of stage s wait for

@@ -72,8 +72,8 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.stage_done, cudaEventDisableTiming));
-  JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kNumFlags * sizeof(uint32_t)));
-  JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
+  JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kFlagWords * sizeof(uint32_t)));
+  JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kFlagWords * sizeof(uint32_t)));
   JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
   // Zero: the fused ReduceScatter's stage counters live here (executor.cc).
   JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
@@ -165,7 +165,7 @@ std::string PeerGroup::Reset() {
     if (d.ordinal < 0 || d.flags == nullptr) continue;  // other processes reset their own
     JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
     JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
-    JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kNumFlags * sizeof(uint32_t)));
+    JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kFlagWords * sizeof(uint32_t)));
     // A grid that was cut short may have left a fused ReduceScatter's stage counters nonzero.
     JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
     JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());

@@ -11,7 +11,8 @@
 //              when a larger problem arrives.  Peers write into it (AllGather pushes, the
 //              ReduceScatter running sums), so its pointer is published to the group.
 //   flags      kMaxTp x kMaxChunks uint32 epochs, written by peers: flags[FlagIndex(i, c)] >= e
-//              means "chunk c of the data stage i of call e consumes has landed".
+//              means "chunk c of the data stage i of call e consumes has landed"; then as
+//              many words of this device's own marks (SeenMark).
 //   epoch      calls issued on this device (host counter; the same sequence on every device).
 //
 // Slots are double-buffered by call parity.  NOTE: why no trailing barrier is needed: a device
@@ -49,6 +50,15 @@ inline constexpr int kPushDoneFlag = FlagIndex(0, 0);
 inline constexpr int LocalDoneFlag(int stage, int chunk) {
   return FlagIndex(kMaxTp - 1 - stage, chunk);
 }
+// Past the peers' words (the allocation holds kFlagWords): this device's own AllGather stage
+// GEMM sets SeenMark(i, c) to the epoch once it has waited for flag(i, c) (arrived or timed
+// out), and its copy stream waits for that mark before it copies slot i-1 into the call's
+// gathered result (executor.cc, CopyGathered): a wait on our own grid, which always ends,
+// never directly on a peer.
+inline constexpr int SeenMark(int stage, int chunk) {
+  return kNumFlags + FlagIndex(stage, chunk);
+}
+inline constexpr int kFlagWords = 2 * kNumFlags;
 
 struct DeviceState {
   int ordinal = -1;  // local CUDA ordinal; -1: a member in another process (IPC-mapped)

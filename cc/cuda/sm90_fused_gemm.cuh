@@ -58,6 +58,7 @@ struct PtrArraySchedules<cutlass::gemm::KernelTmaWarpSpecializedPingpong> {
 
 struct StageWaits {
   const uint32_t* flag[kMaxFusedStages] = {};  // nullptr: no wait
+  uint32_t* seen[kMaxFusedStages] = {};  // FusedStages::seen_flag (mainloop waits only)
   int32_t peer[kMaxFusedStages] = {};
   int32_t stage[kMaxFusedStages] = {};  // the schedule stage of batch s (FusedStages::chunks)
   // AllGather with a chunked shard (FusedStages::shard_chunks > 1): a tile of batch s > 0
@@ -73,12 +74,16 @@ struct StageWaits {
 };
 
 // Out of line: the producer warp runs on few registers (setmaxnreg), and inlined here the
-// wait made the kernel spill.  Returns false on timeout.  Serves the mainloop's operand waits
-// and the epilogue's C waits alike.
+// wait made the kernel spill.  Returns false on timeout, or at once when `skip` (an earlier
+// wait of this thread timed out).  Then marks the wait done where asked (StageWaits::seen),
+// skipped or not: the copy stream's wait for that mark must end.  Serves the mainloop's
+// operand waits and the epilogue's C waits (no marks) alike.
 static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t stage,
-                                                 int32_t chunk = 0) {
-  return WaitFlagUntil(w.flag[stage] + chunk, w.epoch, w.timeout_ns, w.error, w.rank,
-                       w.stage[stage], w.peer[stage]);
+                                                 int32_t chunk = 0, bool skip = false) {
+  const bool arrived = !skip && WaitFlagUntil(w.flag[stage] + chunk, w.epoch, w.timeout_ns,
+                                              w.error, w.rank, w.stage[stage], w.peer[stage]);
+  if (w.seen[stage] != nullptr) StoreReleaseSys(w.seen[stage] + chunk, w.epoch);
+  return arrived;
 }
 
 // The fused AllGather grid's join (FusedStageKernel): this device's own pushes of the call are
@@ -153,7 +158,7 @@ struct FlagWaitMainloop : Base_ {
       // makes the host fail the call) and skips its later waits, so TP-1 stages do not each
       // wait out the timeout.  Not read here: the error record itself, which lives in host
       // memory; one read per CTA, all at once, cost ~100 us on 2x H200.
-      if (cute::elect_one_sync() && !timed_out_) timed_out_ = !WaitForStage(w, next_batch);
+      if (cute::elect_one_sync()) timed_out_ = !WaitForStage(w, next_batch, 0, timed_out_);
       __syncwarp();
       // The peer's data was written by its copy engine; order our TMA (async proxy) reads
       // after the acquire.
@@ -184,7 +189,7 @@ struct FlagWaitMainloop : Base_ {
           cute::min(last / cute::max(w.shard_chunk_size, int64_t{1}),
                     int64_t{w.shard_chunks - 1}));
       if (c > waited_chunk_) {
-        if (cute::elect_one_sync() && !timed_out_) timed_out_ = !WaitForStage(w, batch_, c);
+        if (cute::elect_one_sync()) timed_out_ = !WaitForStage(w, batch_, c, timed_out_);
         __syncwarp();
         asm volatile("fence.proxy.async.global;" ::: "memory");  // as above
         waited_chunk_ = c;
@@ -453,7 +458,10 @@ struct FusedStageGemm {
     args.mainloop.ptr_B = static_cast<const ElementAB**>(static_cast<void*>(t + kMaxFusedStages));
     args.mainloop.dB = stride_b;
     args.mainloop.waits = MakeWaits(g, f.wait_flag);
-    for (int s = 0; s < f.count; ++s) args.mainloop.waits.trace[s] = f.trace[s];
+    for (int s = 0; s < f.count; ++s) {
+      args.mainloop.waits.trace[s] = f.trace[s];
+      args.mainloop.waits.seen[s] = f.seen_flag[s];
+    }
     args.epilogue.thread.alpha = o.alpha;
     args.epilogue.thread.beta = kHasC ? o.beta : 0.f;
     if constexpr (kHasC) {

@@ -171,7 +171,10 @@ struct StageKernel : GemmKernel_ {
       // The GEMM's own shared storage is not initialized yet, so word 0 is free to borrow.
       volatile uint32_t* verdict = reinterpret_cast<volatile uint32_t*>(smem);
       const bool leader = cute::block_rank_in_cluster() == 0;
-      if (leader && threadIdx.x == 0) *verdict = WaitFlag(s) ? 1u : 0u;
+      if (leader && threadIdx.x == 0) {
+        *verdict = WaitFlag(s) ? 1u : 0u;
+        if (s.seen_flag != nullptr) StoreReleaseSys(s.seen_flag, s.wait_epoch);
+      }
       cute::cluster_sync();
       uint32_t go;
       if constexpr (size(typename Base::DispatchPolicy::ClusterShape{}) > 1) {

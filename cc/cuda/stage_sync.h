@@ -36,6 +36,9 @@ struct StageSync {
   // previous grid on this stream has completed.
   uint32_t* signal_flag = nullptr;
   uint32_t signal_epoch = 0;
+  // Mark (this device's word, peer_state.h SeenMark): every cluster's leader stores wait_epoch
+  // to *seen_flag once its wait has ended, arrived or timed out; nullptr: no mark.
+  uint32_t* seen_flag = nullptr;
   uint64_t timeout_ns = 0;
   ErrorRecord* error = nullptr;  // device pointer of the group's record
   int32_t rank = 0, stage = 0, peer = -1;
