@@ -216,6 +216,66 @@ class AutodiffTest(parameterized.TestCase):
       jax.jvp(f, (x, w), (x, w))
 
 
+def _loss_with_operand(mesh, schedule, specs, op, use_operand=True):
+  """Like _loss, of (out, gathered operand) = op(x, w); the operand (every device's copy)
+  weighted too unless use_operand is False."""
+  x_spec, w_spec, out_spec = specs
+
+  def f(x, w):
+    def body(x, w):
+      out, g = op(x, w, axis_name="tp", schedule=schedule)
+      return out, g[None]
+
+    out, g = jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec),
+                           out_specs=(out_spec, P("tp")))(x, w)
+    weigh = lambda a, f: jnp.sum(f(a.astype(jnp.float32)) *
+                                 jnp.cos(jnp.arange(a.size).reshape(a.shape) * 0.37))
+    return weigh(out, jnp.sin) + (weigh(g, jnp.tanh) if use_operand else 0.0)
+  return f
+
+
+class GatheredOperandGradTest(parameterized.TestCase):
+  """return_gathered=True: the operand's cotangent reaches x (RotatingA) or w (RotatingB)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.mesh = test_util.mesh_1d(TP)
+
+  @parameterized.product(schedule=(AG_A, AG_B),
+                         implementation=("ffi", "xla", "reference", None),
+                         batch=tuple(BATCHES))
+  def test_grad_matches_reference(self, schedule, implementation, batch):
+    w_batched = batch == "batched_w"
+    (x, w, _), specs = _sharded(self.mesh, schedule, BATCHES[batch], w_batched)
+    ours = lambda *a, **kw: jax_distgemm.distributed_matmul(
+        *a, implementation=implementation, alpha=0.75, return_gathered=True, **kw)
+    ref = lambda *a, **kw: reference.distributed_matmul(*a, alpha=0.75, with_operand=True, **kw)
+    got = jax.jit(jax.grad(_loss_with_operand(self.mesh, schedule, specs, ours), (0, 1)))(x, w)
+    want = jax.jit(jax.grad(_loss_with_operand(self.mesh, schedule, specs, ref), (0, 1)))(x, w)
+    for name, g, r in zip(("dx", "dw"), got, want):
+      self.assertEqual(g.shape, r.shape, name)
+      err = test_util.rel_err(g, np.asarray(r, np.float64))
+      self.assertLess(err, GRAD_TOL, f"{name}: relative error {err:.2e}")
+
+  @parameterized.parameters(AG_A, AG_B)
+  def test_unused_operand_costs_no_reduce_scatter(self, schedule):
+    # Its cotangent is a symbolic zero (custom_vjp symbolic_zeros): the backward is the plain
+    # one, the dual fused op and one re-gather, as without return_gathered.
+    (x, w, _), specs = _sharded(self.mesh, schedule, (2,), False)
+    ours = lambda *a, **kw: jax_distgemm.distributed_matmul(
+        *a, implementation="ffi", return_gathered=True, **kw)
+    f = jax.grad(_loss_with_operand(self.mesh, schedule, specs, ours, use_operand=False), (0, 1))
+    counts = test_util.collectives_in_hlo(jax.jit(f).lower(x, w).compile().as_text())
+    self.assertEqual(counts["jax_distgemm"], 2, counts)
+    self.assertEqual(counts["reduce-scatter"] + counts["all-reduce"], 0, counts)
+    self.assertEqual(counts["all-gather"], 1, counts)
+    # Used, it is one reduce-scatter more.
+    f = jax.grad(_loss_with_operand(self.mesh, schedule, specs, ours), (0, 1))
+    counts = test_util.collectives_in_hlo(jax.jit(f).lower(x, w).compile().as_text())
+    self.assertEqual(counts["reduce-scatter"], 1, counts)
+
+
 class BackwardHloTest(parameterized.TestCase):
   """Which collectives each backward runs (see the table in autodiff.py)."""
 
@@ -236,11 +296,12 @@ class BackwardHloTest(parameterized.TestCase):
     self.assertEqual(fwd["jax_distgemm"], 1)
     self.assertEqual(fwd["all-gather"] + fwd["reduce-scatter"], 0)
     both = self._counts(schedule, "ffi")
-    # Forward + the dual fused op; no XLA reduce-scatter anywhere; the one all-gather is the
-    # operand the local GEMM needs (x, w or d out), which the custom call does not return.
+    # Forward + the dual fused op; no XLA reduce-scatter anywhere.  AllGather forwards: one
+    # all-gather, the forward's operand re-gathered for the local GEMM.  ReduceScatter
+    # forwards: none, the dual AllGather returns the gathered d out (its second result).
     self.assertEqual(both["jax_distgemm"], 2, both)
     self.assertEqual(both["reduce-scatter"], 0, both)
-    self.assertEqual(both["all-gather"], 1, both)
+    self.assertEqual(both["all-gather"], 1 if schedule.is_all_gather else 0, both)
     self.assertEqual(both["collective-permute"] + both["all-reduce"], 0, both)
 
   @parameterized.parameters(RS_A, RS_B)

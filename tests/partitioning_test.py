@@ -333,10 +333,13 @@ class GradientTest(parameterized.TestCase):
       self.assertLess(test_util.rel_err(got, np.asarray(want)), 1e-5)
     c = counts(g, xd, wd)
     # Forward and the backward's dual fused (on the auto path the partitioner finds the dual
-    # from the primals' shardings); the one all-gather is the operand the other GEMM needs.
+    # from the primals' shardings); the all-gather is the operand the other GEMM needs, except
+    # where in_specs= runs the shard_map VJP after a ReduceScatter: its dual AllGather returns
+    # d out gathered (autodiff.py).
     self.assertEqual(c["jax_distgemm"], 2, c)
     self.assertEqual(c["reduce-scatter"], 0, c)
-    self.assertEqual(c["all-gather"], 1, c)
+    reused = path == "in_specs" and not schedule.is_all_gather
+    self.assertEqual(c["all-gather"], 0 if reused else 1, c)
     self.assertEqual(c["all-reduce"], 1, c)  # dw summed over "data"
 
   @parameterized.parameters(*Schedule)

@@ -268,6 +268,13 @@ class ValidationTest(absltest.TestCase):
     with self.assertRaisesMsg(ValueError, "gathered: expected 'x' or 'w', got 'c'"):
       trace(body, AG_A, (16, 8), (8, 16))
 
+  def test_return_gathered_needs_an_all_gather(self):
+    with self.assertRaisesMsg(ValueError, "return_gathered: only an AllGather schedule gathers "
+                              "an operand, not ReduceScatter1D_TilingA_RotatingC"):
+      trace(dm(RS_A, return_gathered=True), RS_A, (16, 16), (16, 8))
+    with self.assertRaisesMsg(TypeError, "return_gathered: expected a bool, got 'yes'"):
+      trace(dm(AG_A, return_gathered="yes"), AG_A, (16, 8), (8, 16))
+
   def test_bad_scatter(self):
     body = lambda x, w: jd.matmul_reduce_scatter(x, w, axis_name="tp", scatter="diag")
     with self.assertRaisesMsg(ValueError, "scatter: expected 'rows' or 'cols', got 'diag'"):
@@ -548,6 +555,28 @@ class HandlerValidationTest(absltest.TestCase):
   def test_handler_unsupported_out_dtype(self):
     self.assertHandlerError("out: dtype must be bfloat16, float16 or float32", AG_A, (16, 8),
                             (8, 16), out_dtype=jnp.int32)
+
+  def test_handler_gathered_wrong_shape(self):
+    # The primitive derives the gathered result's shape itself; a wrong one (patched here) must
+    # be refused by the handler, not written past.
+    mesh = tu.mesh_1d(TP)
+    xs, ws, os_ = tu.specs(AG_A, 0)
+
+    def body(x, w):
+      out, _ = primitives.bind(x, w, None, schedule=AG_A, axis_name=("tp",), tp=TP, alpha=1.0,
+                               beta=0.0, out_dtype=jnp.float32, timeout_ms=2000, gathered=True)
+      return out
+
+    bad = lambda s, x_shape, w_shape, tp: (x_shape[-2] * tp + 1, x_shape[-1])
+    with mock.patch.object(primitives, "gathered_shape", bad):
+      f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(xs, ws), out_specs=os_))
+      args = (jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, xs)),
+              jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, ws)))
+      with self.assertRaisesRegex(jax.errors.JaxRuntimeError, re.escape(
+          "INVALID_ARGUMENT: jax_distgemm: gathered: expected x's shape [4, 8] with dim 0 times "
+          "TP=4, got [17, 8]")):
+        np.asarray(f(*args))
+    self.assertProcessUsable()
 
   def test_handler_rs_rows_not_divisible(self):
     self.assertHandlerError("ReduceScatter1D_TilingA_RotatingC: rows of x (M=6) must be "

@@ -89,7 +89,7 @@ def xla_faster_reason(platform: str, x, w, schedule: Schedule, tp: int) -> str |
 
 
 def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms,
-         fallback=False):
+         with_operand=False, fallback=False):
   reason = ffi_unsupported_reason(_current_platform(), x, w, out_dtype, schedule, tp)
   if reason:
     raise NotImplementedError(f"jax_distgemm implementation='ffi': {reason}")
@@ -108,23 +108,27 @@ def _ffi(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms
   x, w, c = _match_vma(x, w, c)
   out = primitives.bind(x, w, c, schedule=schedule, axis_name=axis_name, tp=tp, alpha=alpha,
                         beta=beta, out_dtype=out_dtype, timeout_ms=timeout_ms,
-                        fallback=fallback)
-  if c_after is not None:
+                        fallback=fallback, gathered=with_operand)
+  if c_after is not None:  # (ReduceScatter: never with_operand)
     out = reference.epilogue(out.astype(jnp.float32), c_after, alpha=1.0, beta=beta,
                              out_dtype=out_dtype)
   return out
 
 
-def _xla(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms):
+def _xla(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms,
+         with_operand=False):
   del tp, timeout_ms
   return xla_ring.distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule,
-                                     alpha=alpha, beta=beta, out_dtype=out_dtype)
+                                     alpha=alpha, beta=beta, out_dtype=out_dtype,
+                                     with_operand=with_operand)
 
 
-def _reference(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms):
+def _reference(x, w, c, *, axis_name, schedule, alpha, beta, out_dtype, tp, timeout_ms,
+               with_operand=False):
   del tp, timeout_ms
   return reference.distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule,
-                                      alpha=alpha, beta=beta, out_dtype=out_dtype)
+                                      alpha=alpha, beta=beta, out_dtype=out_dtype,
+                                      with_operand=with_operand)
 
 
 _IMPLS: dict[str, Callable] = {"ffi": _ffi, "xla": _xla, "reference": _reference}
@@ -171,6 +175,8 @@ def _run(x, w, c, p: autodiff.Params, name: str):
   kw = {}
   if name == "ffi" and p.implementation is None and config.forced_implementation() is None:
     kw["fallback"] = True  # auto chose it: a group the executor cannot meet lowers the ring
+  if p.with_operand:
+    kw["with_operand"] = True
   return _IMPLS[name](x, w, c, axis_name=p.axis_name, schedule=p.schedule, alpha=p.alpha,
                       beta=p.beta, out_dtype=p.out_dtype, tp=p.tp, timeout_ms=p.timeout_ms,
                       **kw)
@@ -182,7 +188,8 @@ _matmul = autodiff.differentiable(_run, _resolve)
 
 def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
                        alpha: float = 1.0, beta: float = 0.0, out_dtype=None,
-                       implementation: str | None = None, timeout_ms: int | None = None):
+                       implementation: str | None = None, timeout_ms: int | None = None,
+                       return_gathered: bool = False):
   """Tensor-parallel matmul with the collective fused in, for use inside `jax.shard_map`.
 
   Args:
@@ -195,12 +202,22 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     out_dtype: output dtype (bfloat16, float16 or float32); default x.dtype.
     implementation: "ffi", "xla", "reference" or None (see the module docstring).
     timeout_ms: bound on every wait for a peer; default JAX_DISTGEMM_TIMEOUT_MS or 30000.
+    return_gathered: AllGather schedules only: also return the operand the call gathered,
+      all_gather(x, rows) (RotatingA) or all_gather(w, columns) (RotatingB), tiled, in the
+      inputs' dtype.  Every implementation has it without more communication (the fused call
+      copies the shards it receives into it).
 
   Returns:
-    The local shard of the output.  Differentiable (reverse mode): the backward runs the dual
-    collective matmul with the same `implementation` (see autodiff.py).
+    The local shard of the output, or (output, gathered operand) with return_gathered.
+    Differentiable (reverse mode): the backward runs the dual collective matmul with the same
+    `implementation` (see autodiff.py).
   """
   schedule = Schedule.parse(schedule)
+  if not isinstance(return_gathered, bool):
+    raise TypeError(f"return_gathered: expected a bool, got {return_gathered!r}")
+  if return_gathered and not schedule.is_all_gather:
+    raise ValueError(f"return_gathered: only an AllGather schedule gathers an operand, not "
+                     f"{schedule.name}")
   axis_name = validation.normalize_axis_name(axis_name)
   out_dtype = jnp.dtype(out_dtype or x.dtype)
   tp = validation.check_call(x, w, c, schedule=schedule, axis_name=axis_name, alpha=alpha,
@@ -214,13 +231,20 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
         f"implementation: expected one of {IMPLEMENTATIONS} or None, got {implementation!r}")
   params = autodiff.Params(schedule=schedule, axis_name=axis_name, tp=tp, alpha=float(alpha),
                            beta=float(beta), out_dtype=out_dtype, implementation=implementation,
-                           timeout_ms=int(timeout_ms))
+                           timeout_ms=int(timeout_ms), with_operand=return_gathered)
   if beta == 0:
     c = None
   # Matched before the custom_vjp, so cotangents have the operands' types (autodiff.py).
   x, w, c = _match_vma(x, w, c)
   if x.shape[-1] == 0:
-    return _empty_contraction(x, w, c, params)
+    out = _empty_contraction(x, w, c, params)
+    if return_gathered:  # K = 0: the gathered x [.., TP m, 0] or w [0, TP n] is empty too
+      shape = primitives.gathered_shape(schedule, x.shape, w.shape, tp)
+      gathered = jnp.zeros(shape, x.dtype)
+      if axes := tuple(sorted(_varying(x))):
+        gathered = jax.lax.pcast(gathered, axes, to="varying")
+      return out, gathered
+    return out
   return _matmul(x, w, c, params)
 
 
@@ -240,13 +264,15 @@ def _empty_contraction(x, w, c, p: autodiff.Params):
 
 def all_gather_matmul(x, w, c=None, *, axis_name, gathered: str = "x", alpha: float = 1.0,
                       beta: float = 0.0, out_dtype=None, implementation: str | None = None,
-                      timeout_ms: int | None = None):
+                      timeout_ms: int | None = None, return_gathered: bool = False):
   """AllGather + GEMM inside `jax.shard_map`: x rows-sharded, w columns-sharded.
 
   gathered="x" (AllGather1D_TilingCD_RotatingA, sequence-parallel column-parallel linear):
     out [..., M, N/TP] = all_gather(x, rows) @ w.
   gathered="w" (AllGather1D_TilingCD_RotatingB, FSDP-style weight gather):
     out [..., M/TP, N] = x @ all_gather(w, columns).
+
+  return_gathered: also return that gathered x (resp. w): (out, gathered operand).
 
   See `distributed_matmul` for the other arguments.
   """
@@ -256,7 +282,7 @@ def all_gather_matmul(x, w, c=None, *, axis_name, gathered: str = "x", alpha: fl
               Schedule.AllGather1D_TilingCD_RotatingB)
   return distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule, alpha=alpha,
                             beta=beta, out_dtype=out_dtype, implementation=implementation,
-                            timeout_ms=timeout_ms)
+                            timeout_ms=timeout_ms, return_gathered=return_gathered)
 
 
 def matmul_reduce_scatter(x, w, c=None, *, axis_name, scatter: str = "rows",

@@ -17,8 +17,7 @@ T = swap of the last two dims; every gradient below is multiplied by alpha, and 
 (w 2-D and x batched: dw also sums over B, so in the RotatingB/TilingB rows B is folded into
 the contraction: xT is [K, B*rows], g is [B*rows, cols].  w batched: everything is per batch.)
 
-The gathered operand of the last column is not an output of the FFI op, so the local GEMM gets
-it as follows (the choice, and its cost, per implementation):
+Where the local GEMM's gathered operand (last column) comes from:
 
   * RotatingA / RotatingB (the forward gathered x or w): the backward re-gathers the local x
     (resp. w) it saved, with `jax.lax.all_gather`.  This is what Megatron-LM does for
@@ -26,13 +25,14 @@ it as follows (the choice, and its cost, per implementation):
     TP-times larger gathered tensor, at the price of one all-gather of x (M*K elements) per
     backward.  The all-gather does not depend on the dual fused op, so XLA is free to run it
     concurrently with it (async collective on GPU).
-  * TilingA / TilingB (the backward gathers g): with implementation="xla" the ppermute ring of
-    the dual op already holds every shard of g in turn and returns AG(g) assembled from them
-    (`xla_ring.all_gather_matmul_with_operand`): no extra communication.  With "reference" the
-    explicit `all_gather(g)` of the reference dual op and ours are identical, and XLA's CSE
-    merges them.  With "ffi" the custom call does not return AG(g), so `jax.lax.all_gather`
-    moves g a second time (N*M elements); a second output of the fused op carrying the gathered
-    operand (the CUDA kernel has every peer's shard in its staging buffers) would remove this.
+  * TilingA / TilingB (the backward gathers g): the dual op is an AllGather, and every
+    implementation returns the operand it gathered alongside its output (with_operand: the FFI
+    call's second result, copied from the shards its stages receive; the ring's shards; the
+    reference's explicit all_gather), so g crosses the links once: "reuse the gathered grad from
+    DGRAD for WGRAD" (TransformerEngine-JAX's follow-up list, TE #2166).
+
+The gathered operand is also a public result (return_gathered=True, AllGather schedules): its
+cotangent, if any, joins the operand's gradient through a reduce-scatter (AG's transpose).
 
 Cotangents are cast to the operands' dtype before the backward GEMMs (as a bf16 training step
 does); every GEMM accumulates in fp32.  Forward mode (jax.jvp) is not defined: custom_vjp.
@@ -48,7 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_distgemm._src import xla_ring
+from jax.custom_derivatives import SymbolicZero
+
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
 
@@ -65,6 +66,7 @@ class Params:
   out_dtype: np.dtype
   implementation: str | None  # as requested; None is resolved per call (forward and backward)
   timeout_ms: int
+  with_operand: bool = False  # AllGather: also return the gathered operand (out, AG(x or w))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,11 +128,28 @@ def _input_grad(g, w_t, alpha: float, dtype):
   return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
 
 
+def _zeros_like(a, shape=None, dtype=None):
+  """Zeros varying over the manual axes `a` varies over (a cotangent must have its primal's
+  type)."""
+  z = jnp.zeros(a.shape if shape is None else shape, a.dtype if dtype is None else dtype)
+  varying = lambda v: frozenset(jax.typeof(v).manual_axis_type.varying)
+  if missing := tuple(sorted(varying(a) - varying(z))):
+    z = jax.lax.pcast(z, missing, to="varying")
+  return z
+
+
+def _reduce_scatter(a, params: Params, dim: int, dtype):
+  """The transpose of `_all_gather` (tiled), summed in fp32."""
+  return jax.lax.psum_scatter(a.astype(jnp.float32), _axis(params), scatter_dimension=dim,
+                              tiled=True).astype(dtype)
+
+
 def differentiable(run: Callable, resolve: Callable) -> Callable:
   """Builds matmul(x, w, c, params) with the custom VJP above.
 
   run(x, w, c, params, implementation) computes the forward of `params.schedule` with a concrete
-  implementation name; resolve(x, w, params) turns params.implementation (None: auto) into one.
+  implementation name (a pair (out, gathered operand) when params.with_operand);
+  resolve(x, w, params) turns params.implementation (None: auto) into one.
   Operands must already vary over the same manual axes (api._match_vma), so that cotangents
   have the primal's type; the pcast that matched them transposes to the psum over the axes a
   replicated operand (e.g. w over "data") did not vary over.
@@ -147,13 +166,41 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
     c_token = None if c is None else jnp.zeros((0,), c.dtype)  # only c's dtype is needed
     return out, (x, w, c_token)
 
+  # with_operand: (out, gathered operand).  symbolic_zeros: a gathered operand nobody uses
+  # (its cotangent a symbolic zero) costs no reduce-scatter in the backward.
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+  def matmul_with_operand(x, w, c, params: Params):
+    return run(x, w, c, params, resolve(x, w, params))
+
+  def fwd_with_operand(x, w, c, params):
+    x, w, c = (None if a is None else a.value for a in (x, w, c))
+    out = matmul_with_operand(x, w, c, params)  # (see fwd)
+    c_token = None if c is None else jnp.zeros((0,), c.dtype)
+    return out, (x, w, c_token)
+
+  def bwd_with_operand(params: Params, res, cts):
+    x, w, c_token = res
+    g, g_op = cts
+    plain = dataclasses.replace(params, with_operand=False)
+    if isinstance(g, SymbolicZero):  # only the gathered operand is used
+      dx, dw = _zeros_like(x), _zeros_like(w)
+      dc = None if c_token is None else _zeros_like(x, g.shape, c_token.dtype)
+    else:
+      dx, dw, dc = bwd(plain, res, g)
+    if not isinstance(g_op, SymbolicZero):
+      if params.schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+        dx = dx + _reduce_scatter(g_op, params, x.ndim - 2, x.dtype)
+      else:
+        dw = dw + _reduce_scatter(g_op, params, w.ndim - 1, w.dtype)
+    return dx, dw, dc
+
   def dual(a, b, params: Params, schedule: Schedule, out_dtype, *, with_operand: bool):
-    """The dual fused op; with_operand: also return the operand it gathers, if it is free."""
-    p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=jnp.dtype(out_dtype))
-    if with_operand and resolve(a, b, p) == "xla":
-      return xla_ring.all_gather_matmul_with_operand(
-          a, b, axis_name=p.axis_name, schedule=schedule, alpha=p.alpha, out_dtype=p.out_dtype)
+    """The dual fused op; with_operand: also return the operand it gathers."""
+    p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=jnp.dtype(out_dtype),
+                            with_operand=with_operand)
     # Through the custom_vjp itself, so that the backward is differentiable again.
+    if with_operand:
+      return matmul_with_operand(a, b, None, p)
     return matmul(a, b, None, p), None
 
   def bwd(params: Params, res, g):
@@ -178,19 +225,19 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
     elif s == Schedule.ReduceScatter1D_TilingA_RotatingC:
       # out [B, M/TP, N] = RS_rows(x @ w).
       dx, g_all = dual(g, _t(w), params, op.backward, x.dtype, with_operand=True)
-      if g_all is None:
-        g_all = _all_gather(g, params, rows)
       dw = _weight_grad(_t(x), g_all, alpha, w_batched, w.dtype)
     else:
       # out [B, M, N/TP] = RS_cols(x @ w).
       xt, gf = _fold_batch(_t(x), g, w_batched)
       dw, g_all = dual(xt, gf, params, op.backward, w.dtype, with_operand=True)
-      if g_all is None:
-        # Gathers the same (folded) array as the dual op, so the reference's merges with it.
-        g_all = _all_gather(gf, params, gf.ndim - 1)
       g_all = g_all.reshape(g.shape[:-1] + (g_all.shape[-1],))  # unfold B
       dx = _input_grad(g_all, _t(w), alpha, x.dtype)
     return dx, dw, dc
 
   matmul.defvjp(fwd, bwd)
-  return matmul
+  matmul_with_operand.defvjp(fwd_with_operand, bwd_with_operand, symbolic_zeros=True)
+
+  def call(x, w, c, params: Params):
+    return (matmul_with_operand if params.with_operand else matmul)(x, w, c, params)
+
+  return call

@@ -7,7 +7,10 @@ and axis name into the `groups` attribute.
 
 Operands, per device (row-major, leading batch dims L allowed on x; w is 2-D or batched like x):
   x [..., xm, xk]   w [xk, wn] or [..., xk, wn]   c (out dtype, output shape, or 0 elements)
-The output shape per schedule is `output_shape` below.
+The output shape per schedule is `output_shape` below.  Results: [out], or, for an AllGather
+schedule bound with gathered=True, [out, the gathered operand] (all_gather(x, rows) for
+RotatingA, all_gather(w, columns) for RotatingB, tiled, in the inputs' dtype): the executor
+holds every shard anyway, so the operand comes without more communication.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from jax_distgemm._src.schedules import Schedule, output_shape
 TARGET_NAME = "jax_distgemm_v1"
 
 distgemm_p = core.Primitive("jax_distgemm")
+distgemm_p.multiple_results = True
 
 
 # Call sites lowered into separate modules that XLA later splices into one program (each
@@ -55,8 +59,11 @@ def call_site(site: int):
 
 
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
-         beta: float, out_dtype, timeout_ms: int, fallback: bool = False):
+         beta: float, out_dtype, timeout_ms: int, fallback: bool = False,
+         gathered: bool = False):
   """Binds the primitive on (x, w) or (x, w, c); c is cast to out_dtype.
+
+  Returns out, or (out, gathered operand) with gathered=True (AllGather schedules only).
 
   fallback: implementation=None chose this call, so where the lowering finds a TP group the
   executor cannot meet (validation.GroupUnreachableError) or no concrete mesh, it lowers the
@@ -66,21 +73,38 @@ def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float
   empty c.  A traced zero-size operand would become a zero-size shard_map argument under an
   eager (un-jitted) shard_map, which crashes XLA:CPU's compiler (jaxlib 0.11.2).
   """
+  schedule = Schedule(schedule)
+  if gathered and not schedule.is_all_gather:
+    raise ValueError(f"gathered: {schedule.name} gathers no operand (AllGather schedules only)")
   operands = (x, w) if c is None else (x, w, c.astype(out_dtype))
-  return distgemm_p.bind(
-      *operands, schedule=Schedule(schedule), axis_name=tuple(axis_name),
+  results = distgemm_p.bind(
+      *operands, schedule=schedule, axis_name=tuple(axis_name),
       tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
-      timeout_ms=int(timeout_ms), call_site=_call_site.get(), fallback=bool(fallback))
+      timeout_ms=int(timeout_ms), call_site=_call_site.get(), fallback=bool(fallback),
+      gathered=bool(gathered))
+  return tuple(results) if gathered else results[0]
+
+
+def gathered_shape(schedule: Schedule, x_shape, w_shape, tp: int) -> tuple[int, ...]:
+  """Shape of an AllGather schedule's gathered operand: x with TP x its rows (RotatingA), or
+  w with TP x its columns (RotatingB)."""
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+    return tuple(x_shape[:-2]) + (x_shape[-2] * tp, x_shape[-1])
+  return tuple(w_shape[:-1]) + (w_shape[-1] * tp,)
 
 
 @distgemm_p.def_abstract_eval
 def _abstract_eval(x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
-                   call_site, fallback):
+                   call_site, fallback, gathered):
   del c, axis_name, alpha, beta, timeout_ms, call_site, fallback
   shape = output_shape(schedule, x.shape, w.shape, tp)
-  # The output varies over the same manual axes as the (vma-matched) operands.
-  return x.update(shape=shape, dtype=out_dtype, weak_type=False,
-                  sharding=core.get_cur_mesh_sharding())
+  # The results vary over the same manual axes as the (vma-matched) operands.
+  sharding = core.get_cur_mesh_sharding()
+  out = [x.update(shape=shape, dtype=out_dtype, weak_type=False, sharding=sharding)]
+  if gathered:
+    out.append(x.update(shape=gathered_shape(schedule, x.shape, w.shape, tp), dtype=x.dtype,
+                        weak_type=False, sharding=sharding))
+  return out
 
 
 # -- Lowering ---------------------------------------------------------------------------------------
@@ -138,26 +162,29 @@ def register_device_ids(platform: str):
   _registered_device_ids.add(platform)
 
 
-def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, why: str):
+def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, gathered,
+                   why: str):
   """implementation=None's way out at lowering time: the XLA ring (xla_ring) in place of the
   custom call, same operands and result.  Warns once per reason."""
   config.warn_once(("lowering", why), "jax_distgemm: implementation=None runs the XLA ring "
                    "here, not the fused FFI call: %s", why)
 
   def ring(x, w, *c):
-    return xla_ring.distributed_matmul(x, w, c[0] if c else None, axis_name=axis_name,
-                                       schedule=schedule, alpha=alpha, beta=beta,
-                                       out_dtype=out_dtype)
+    out = xla_ring.distributed_matmul(x, w, c[0] if c else None, axis_name=axis_name,
+                                      schedule=schedule, alpha=alpha, beta=beta,
+                                      out_dtype=out_dtype, with_operand=gathered)
+    return list(out) if gathered else [out]
 
-  return mlir.lower_fun(ring, multiple_results=False)(ctx, x, w, *c)
+  return mlir.lower_fun(ring, multiple_results=True)(ctx, x, w, *c)
 
 
 def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype,
-              timeout_ms, call_site, fallback):
+              timeout_ms, call_site, fallback, gathered):
   # NOTE: only what the executor cannot reach falls back; a mesh that does not match the
   # axis sizes (check_tp_group) is the caller's error under every implementation.
   ring = functools.partial(_ring_lowering, ctx, x, w, *c, schedule=schedule,
-                           axis_name=axis_name, alpha=alpha, beta=beta, out_dtype=out_dtype)
+                           axis_name=axis_name, alpha=alpha, beta=beta, out_dtype=out_dtype,
+                           gathered=gathered)
   try:
     mesh = _concrete_mesh(ctx)
   except NotImplementedError as e:
@@ -201,8 +228,9 @@ for _platform in ("cpu", "cuda"):
 def _batch_rule(axis_data, args, dims, **params):
   x, w, *c = args
   bx, bw, *bc = dims
+  n_out = 2 if params["gathered"] else 1
   if bx is None and bw is None and all(d is None for d in bc):
-    return distgemm_p.bind(*args, **params), None
+    return distgemm_p.bind(*args, **params), [None] * n_out
 
   def lead(a, d):
     if d is None:
@@ -214,7 +242,11 @@ def _batch_rule(axis_data, args, dims, **params):
     # A batched w must carry exactly the batch dims of x.
     w = jnp.broadcast_to(lead(w, bw), x.shape[:-2] + w.shape[-2:])
   c = [lead(a, d) for a, d in zip(c, bc)]
-  return distgemm_p.bind(x, w, *c, **params), 0
+  # The gathered operand of RotatingB is w's: unbatched if w still is (x alone was mapped).
+  dims_out = [0] * n_out
+  if n_out == 2 and params["schedule"] == Schedule.AllGather1D_TilingCD_RotatingB and w.ndim == 2:
+    dims_out[1] = None
+  return distgemm_p.bind(x, w, *c, **params), dims_out
 
 
 batching.fancy_primitive_batchers[distgemm_p] = _batch_rule

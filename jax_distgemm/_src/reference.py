@@ -25,19 +25,26 @@ def matmul_f32(x, w):
 
 
 def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: float = 1.0,
-                       beta: float = 0.0, out_dtype=None):
-  """Reference semantics of every schedule (see api.distributed_matmul)."""
+                       beta: float = 0.0, out_dtype=None, with_operand: bool = False):
+  """Reference semantics of every schedule (see api.distributed_matmul); with_operand
+  (AllGather schedules): (out, the all-gathered x or w)."""
   out_dtype = out_dtype or x.dtype
   rows, cols = x.ndim - 2, x.ndim - 1
+  if with_operand and not schedule.is_all_gather:
+    raise ValueError(f"with_operand: {schedule.name} gathers no operand")
+  gathered = None
   if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-    acc = matmul_f32(_all_gather(x, axis_name, rows), w)
+    gathered = _all_gather(x, axis_name, rows)
+    acc = matmul_f32(gathered, w)
   elif schedule == Schedule.AllGather1D_TilingCD_RotatingB:
-    acc = matmul_f32(x, _all_gather(w, axis_name, w.ndim - 1))
+    gathered = _all_gather(w, axis_name, w.ndim - 1)
+    acc = matmul_f32(x, gathered)
   elif schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
     acc = _psum_scatter(matmul_f32(x, w), axis_name, rows)
   else:
     acc = _psum_scatter(matmul_f32(x, w), axis_name, cols)
-  return epilogue(acc, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
+  out = epilogue(acc, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
+  return (out, gathered) if with_operand else out
 
 
 # NOTE: XLA refuses zero-size all-gathers and reduce-scatters (a verifier error at lowering);

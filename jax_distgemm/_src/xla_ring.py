@@ -101,28 +101,19 @@ def _reduce_scatter(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype)
 
 
 def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: float = 1.0,
-                       beta: float = 0.0, out_dtype=None):
-  """Ring implementation of every schedule (see api.distributed_matmul)."""
+                       beta: float = 0.0, out_dtype=None, with_operand: bool = False):
+  """Ring implementation of every schedule (see api.distributed_matmul).
+
+  with_operand (AllGather schedules): return (out, AG(x)) for RotatingA or (out, AG(w)) for
+  RotatingB (tiled like jax.lax.all_gather(..., tiled=True)), assembled from the shards the
+  stages receive anyway: no extra communication.
+  """
   out_dtype = out_dtype or x.dtype
   tp = lax.axis_size(axis_name)
   kwargs = dict(axis_name=axis_name, tp=tp, schedule=schedule, alpha=alpha, beta=beta,
                 out_dtype=out_dtype)
   if schedule.is_all_gather:
-    return _all_gather(x, w, c, **kwargs)
+    return _all_gather(x, w, c, with_operand=with_operand, **kwargs)
+  if with_operand:
+    raise ValueError(f"with_operand: {schedule.name} gathers no operand")
   return _reduce_scatter(x, w, c, **kwargs)
-
-
-def all_gather_matmul_with_operand(x, w, c=None, *, axis_name, schedule: Schedule,
-                                   alpha: float = 1.0, beta: float = 0.0, out_dtype=None):
-  """An AllGather schedule's ring that also returns the operand it gathered.
-
-  Returns (out, AG(x)) for RotatingA and (out, AG(w)) for RotatingB (tiled like
-  jax.lax.all_gather(..., tiled=True)), assembled from the shards the stages receive anyway: no
-  extra communication.  Used by the backward of the ReduceScatter schedules (autodiff.py).
-  """
-  if not schedule.is_all_gather:
-    raise ValueError(f"schedule: {schedule.name} gathers no operand")
-  out_dtype = out_dtype or x.dtype
-  return _all_gather(x, w, c, axis_name=axis_name, tp=lax.axis_size(axis_name),
-                     schedule=schedule, alpha=alpha, beta=beta, out_dtype=out_dtype,
-                     with_operand=True)
