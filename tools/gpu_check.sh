@@ -57,7 +57,7 @@ log() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 
 # -- Virtual ranks: TP 2-8 on one GPU (no install needed) ----------------------------------------
 virtual_tp() {
-  local bin=$ROOT/.carry/virtual_group_check rc tp
+  local bin=$ROOT/.carry/virtual_group_check rc tp failed=0
   if [[ ! -x "$bin" ]]; then
     log "virtual TP check: NOT RUN (no .carry/virtual_group_check; build it with -DJAX_DISTGEMM_BUILD_TOOLS=ON)"
     return 2
@@ -77,8 +77,8 @@ virtual_tp() {
     timeout "${VTP_TIMEOUT:-60}" "$bin" $args > "$OUT/virtual_$name.log" 2>&1
     rc=$?
     set -e
-    log "virtual $name ($args) on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_$name.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_$name.log") failed"
-    [[ $rc -ne 0 ]] && return 1
+    log "virtual $name ($args) on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_$name.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_$name.log") failed$( [[ $rc -ne 0 ]] && echo ": $(grep ' FAIL ' "$OUT/virtual_$name.log" | cut -c1-60 | tr -s ' ' | tr '\n' ';')")"
+    [[ $rc -ne 0 ]] && failed=1
   done
   # The control: each rank checked against its neighbour's expected output; every case must fail.
   set +e
@@ -86,7 +86,7 @@ virtual_tp() {
   rc=$?
   set -e
   log "virtual TP=4 control (wrong reference): exit $rc; $(grep -c 'control OK' "$OUT/virtual_tp4_control.log") cases caught the error, $(grep -c 'not caught' "$OUT/virtual_tp4_control.log") did not"
-  [[ $rc -ne 0 ]] && return 1
+  [[ $rc -ne 0 ]] && failed=1
   # A dead peer (rank 0 never pushes) in the cases with a gathered result: every rank must
   # return, ranks 1..TP-1 with the timeout error (the watchdog ends a hung run, exit status 3).
   for tp in 2 8; do
@@ -96,9 +96,11 @@ virtual_tp() {
     rc=$?
     set -e
     log "virtual TP=$tp fault (rank 0 never pushes): exit $rc; $(grep -c 'fault OK' "$OUT/virtual_tp${tp}_fault.log") cases returned on every rank with the timeout on ranks 1..TP-1, $(grep -c 'fault FAIL' "$OUT/virtual_tp${tp}_fault.log") did not"
-    [[ $rc -ne 0 ]] && return 1
+    [[ $rc -ne 0 ]] && failed=1
   done
-  return 0
+  # NOTE: every run goes on after a failure (each names its failed cases): at TP >= 5 on one GPU
+  # a case now and then times out, at 2b1eda2 too (performance.md Y3).
+  return $failed
 }
 if [[ "$MODE" == --virtual-tp-only ]]; then
   status=0
