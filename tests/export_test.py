@@ -20,7 +20,7 @@ from jax import export
 
 import jax_distgemm as jd
 from jax_distgemm import Schedule
-from jax_distgemm._src.primitives import TARGET_NAME
+from jax_distgemm._src.primitives import TARGET_GATHERED, TARGET_NAME
 
 TP = 2
 
@@ -49,22 +49,28 @@ class ExportTest(absltest.TestCase):
     mesh = tu.mesh_1d(TP)
     expected = {}  # schedule name -> float64 reference
     with tempfile.TemporaryDirectory() as d:
-      for schedule in Schedule:
+      # Every schedule, and RotatingA with its gathered operand (the other target name).
+      cases = [(s, False) for s in Schedule] + [(Schedule.AllGather1D_TilingCD_RotatingA, True)]
+      for schedule, gathered in cases:
+        name = schedule.name + ("_gathered" if gathered else "")
+        target = TARGET_GATHERED if gathered else TARGET_NAME
         xs, ws, os_ = tu.specs(schedule, 0)
-        x, w, _ = tu.random_inputs(tu.seed_of("export", schedule.name), (16, 32), (32, 24),
-                                   jnp.float32)
+        x, w, _ = tu.random_inputs(tu.seed_of("export", name), (16, 32), (32, 24), jnp.float32)
         args, in_specs = tu.place(mesh, (xs, ws, os_), x, w)
-        f = jax.jit(jax.shard_map(
-            lambda a, b, s=schedule: jd.distributed_matmul(a, b, axis_name="tp", schedule=s,
-                                                           implementation="ffi"),
-            mesh=mesh, in_specs=in_specs, out_specs=os_))
+
+        def body(a, b, s=schedule, gathered=gathered):
+          out = jd.distributed_matmul(a, b, axis_name="tp", schedule=s, implementation="ffi",
+                                      return_gathered=gathered)
+          return out[0] if gathered else out  # (the call keeps its second result)
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=os_))
         exp = export.export(
-            f, disabled_checks=[export.DisabledSafetyCheck.custom_call(TARGET_NAME)])(*args)
-        self.assertIn(TARGET_NAME, exp.mlir_module())  # the artifact holds our call
-        with open(os.path.join(d, schedule.name + ".bin"), "wb") as fh:
+            f, disabled_checks=[export.DisabledSafetyCheck.custom_call(target)])(*args)
+        self.assertIn(f"@{target}(", exp.mlir_module())  # the artifact holds our call
+        with open(os.path.join(d, name + ".bin"), "wb") as fh:
           fh.write(exp.serialize())
-        np.savez(os.path.join(d, schedule.name + ".npz"), x=np.asarray(x), w=np.asarray(w))
-        expected[schedule.name] = tu.reference_np(x, w)
+        np.savez(os.path.join(d, name + ".npz"), x=np.asarray(x), w=np.asarray(w))
+        expected[name] = tu.reference_np(x, w)
       env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
       env["JAX_PLATFORMS"] = "cpu"
       proc = subprocess.run([sys.executable, "-c", _CHILD, d, *expected], env=env,

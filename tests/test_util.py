@@ -138,5 +138,7 @@ def collectives_in_hlo(hlo_text: str) -> dict[str, int]:
   """Counts of collective ops and of our custom call in compiled HLO text."""
   names = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
   counts = {n: len(re.findall(rf"= [^=\n]*\b{n}(-start)?\(", hlo_text)) for n in names}
-  counts["jax_distgemm"] = len(re.findall(r'custom_call_target="jax_distgemm_v1"', hlo_text))
+  # Both targets (primitives.TARGETS): without and with the gathered operand as a 2nd result.
+  counts["jax_distgemm"] = len(re.findall(r'custom_call_target="jax_distgemm_(gathered_)?v1"',
+                                          hlo_text))
   return counts

@@ -22,6 +22,9 @@ NB_MODULE(_distgemm_cpu, m) {
     stages["execute"] = jax_distgemm::EncapsulateFfiHandler(jax_distgemm::DistGemmCpu);
     nb::dict d;
     d["jax_distgemm_v1"] = stages;
+    // The same handler, for calls that also return the gathered operand (primitives.py says
+    // why they have a name of their own).
+    d["jax_distgemm_gathered_v1"] = stages;
     return d;
   });
   m.def("types", []() {  // the FFI state types, for jax.ffi.register_ffi_type

@@ -23,6 +23,9 @@ NB_MODULE(_distgemm_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["jax_distgemm_v1"] = jax_distgemm::EncapsulateFfiHandler(jax_distgemm::cuda::DistGemmCuda);
+    // The same handler, for calls that also return the gathered operand (primitives.py).
+    d["jax_distgemm_gathered_v1"] =
+        jax_distgemm::EncapsulateFfiHandler(jax_distgemm::cuda::DistGemmCuda);
     return d;
   });
   m.def("set_device_ids", [](std::vector<int32_t> ordinals, std::vector<int64_t> ids) {

@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_distgemm
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm._src import gpu_monitor, reference, runtime
+from jax_distgemm._src import gpu_monitor, primitives, reference, runtime
 from jax_distgemm._src.schedules import Schedule
 
 # -- Names ------------------------------------------------------------------------------------------
@@ -504,7 +504,7 @@ _COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permut
 def hlo_summary(hlo_text: str) -> dict:
   """Collective counts, our custom call, and whether XLA built a windowed-einsum loop."""
   counts = {n: len(re.findall(rf"= [^=\n]*\b{n}(-start)?\(", hlo_text)) for n in _COLLECTIVES}
-  counts["jax_distgemm"] = hlo_text.count("jax_distgemm_v1")
+  counts["jax_distgemm"] = sum(hlo_text.count(t) for t in primitives.TARGETS)
   counts["windowed_einsum_loop"] = "windowed_dot_general" in hlo_text
   return counts
 

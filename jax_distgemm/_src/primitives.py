@@ -35,6 +35,12 @@ from jax_distgemm._src import xla_ring
 from jax_distgemm._src.schedules import Schedule, output_shape
 
 TARGET_NAME = "jax_distgemm_v1"
+# The same handler, bound by calls with the gathered operand as a second result.  NOTE: a name
+# of its own so that a program with such a call (a jax.export artifact, say) fails to find the
+# target under a jax_distgemm from before that result, whose handler would ignore the extra
+# result and leave it unwritten, instead of running with it.
+TARGET_GATHERED = "jax_distgemm_gathered_v1"
+TARGETS = (TARGET_NAME, TARGET_GATHERED)
 
 distgemm_p = core.Primitive("jax_distgemm")
 distgemm_p.multiple_results = True
@@ -204,7 +210,7 @@ def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out
     empty = core.ShapedArray((0,), out_dtype)
     c = (mlir.ir_constant(np.zeros((0,), out_dtype)),)
     ctx = ctx.replace(avals_in=(*ctx.avals_in, empty))
-  rule = jax.ffi.ffi_lowering(TARGET_NAME)
+  rule = jax.ffi.ffi_lowering(TARGET_GATHERED if gathered else TARGET_NAME)
   return rule(
       ctx, x, w, *c,
       schedule=np.int32(int(schedule)),
