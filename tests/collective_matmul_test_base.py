@@ -287,6 +287,27 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
       for d in range(tp):
         np.testing.assert_array_equal(np.asarray(g[d]), np.asarray(operand), f"device {d}")
 
+  @parameterized.product(schedule=(AG_A, AG_B))
+  def test_return_gathered_empty_contraction(self, schedule):
+    # K = 0: zeros, and the gathered operand is empty too (x [M, 0] or w [0, N] per device).
+    tp = 4
+    mesh = test_util.mesh_1d(tp)
+    x_spec, w_spec, out_spec = test_util.specs(schedule, 0)
+
+    def body(x, w):
+      out, g = call_public_api(schedule, x, w, None, axis_name="tp",
+                               implementation=self.IMPLEMENTATION, return_gathered=True)
+      return out, g[None]
+
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec),
+                               out_specs=(out_spec, P("tp"))))
+    x, w, _ = test_util.random_inputs(2, (M, 0), (0, N), jnp.bfloat16)
+    out, g = fn(jax.device_put(x, NamedSharding(mesh, x_spec)),
+                jax.device_put(w, NamedSharding(mesh, w_spec)))
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.zeros((M, N), np.float32))
+    self.assertEqual(g.shape, (tp,) + ((M, 0) if schedule == AG_A else (0, N)))
+    self.assertEqual(g.dtype, jnp.bfloat16)
+
   @parameterized.product(schedule=SCHEDULES)
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)
