@@ -214,6 +214,7 @@ GemmLaunch TrialLaunch(GemmLaunch g) {
   for (const uint32_t*& flag : g.fused.wait_flag) flag = nullptr;
   for (const uint32_t*& flag : g.fused.c_wait_flag) flag = nullptr;
   for (uint32_t*& flag : g.fused.done_flag) flag = nullptr;
+  for (uint32_t*& flag : g.fused.seen_flag) flag = nullptr;
   g.fused.counters = nullptr;
   g.fused.exit_wait_flag = nullptr;
   g.pdl = false;

@@ -319,7 +319,8 @@ std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage
 std::string CudaFailure(const char* what) { return CudaError(what, cudaGetLastError()); }
 
 // Copies rank `src`'s shard (packed, as pushed) into its block of the gathered result
-// (Problem::GatheredRows / GatheredWidth): one copy when there is one row, else a 2-D copy.
+// (Problem::GatheredRows / GatheredWidth): one copy where the block is contiguous (one row, or
+// TP = 1: the result is the shard), else a 2-D copy.
 cudaError_t CopyIntoGathered(const Problem& p, int src, const void* shard, void* gathered,
                              cudaStream_t stream) {
   const size_t esz = ElemSize(p.in_type);
@@ -328,7 +329,9 @@ cudaError_t CopyIntoGathered(const Problem& p, int src, const void* shard, void*
   const int64_t rows = p.GatheredRows();
   uint8_t* d = static_cast<uint8_t*>(gathered) + src * width;
   const uint8_t* s = static_cast<const uint8_t*>(shard);
-  if (rows == 1) return cudaMemcpyAsync(d, s, width, cudaMemcpyDeviceToDevice, stream);
+  if (rows == 1 || p.tp == 1) {
+    return cudaMemcpyAsync(d, s, width * rows, cudaMemcpyDeviceToDevice, stream);
+  }
   if (pitch <= static_cast<size_t>(INT32_MAX)) {  // cudaMemcpy2D's pitch limit (memPitch)
     return cudaMemcpy2DAsync(d, pitch, s, width, width, rows, cudaMemcpyDeviceToDevice, stream);
   }
@@ -380,9 +383,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   const size_t isz = ElemSize(p.in_type);
   const bool gather_out = b.gathered != nullptr && tp > 1;
   if (b.gathered != nullptr && tp == 1) {  // the gathered operand is the shard itself
-    if (cudaError_t e = cudaMemcpyAsync(b.gathered, shard, shard_bytes, cudaMemcpyDeviceToDevice,
-                                        stream);
-        e != cudaSuccess) {
+    if (cudaError_t e = CopyIntoGathered(p, 0, shard, b.gathered, stream); e != cudaSuccess) {
       return CudaError("copy shard into gathered", e);
     }
   }
@@ -419,30 +420,10 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       }
     }
   }
-  // How the main stream learns that the pushes (which read the caller's shard) and the
-  // gathered copies are done: the fused grid waits for kPushDoneFlag before it completes, or an
-  // event join at the end.  With a gathered result the copies, and so the join, follow the
-  // GEMMs' enqueue (CopyGathered waits for their marks).
+  // How the main stream learns that the copy stream's work (the pushes, which read the
+  // caller's shard, and any gathered copies) is done: the fused grid waits for kPushDoneFlag
+  // before it completes, or an event join at the end (both enqueued below, after the GEMMs).
   const bool kernel_join = fused && o.ag_kernel_join;
-  auto join_copy_stream = [&]() -> std::string {
-    if (tp == 1) return "";
-    if (gather_out) {
-      if (std::string err = CopyGathered<Sched>(p, rank, me, shard, b.gathered, chunks, epoch);
-          !err.empty()) {
-        return err;
-      }
-    }
-    cudaError_t e = cudaSuccess;
-    if (!kernel_join) {
-      e = cudaEventRecord(me.join, me.copy_stream);
-    } else if (!o.skip_push_done) {  // (the fault hook skips the mark)
-      e = StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag, epoch);
-    }
-    return e == cudaSuccess ? "" : CudaError("join copy stream", e);
-  };
-  if (!gather_out) {
-    if (std::string err = join_copy_stream(); !err.empty()) return err;
-  }
 
   if (fused) {
     // All stages in one grid: stage i is batch i of a ptr-array GEMM and waits for its flag in
@@ -510,8 +491,21 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       }
     }
   }
-  if (gather_out) {
-    if (std::string err = join_copy_stream(); !err.empty()) return err;
+  if (tp > 1) {
+    // After the GEMMs' enqueue: CopyGathered waits for their marks.
+    if (gather_out) {
+      if (std::string err = CopyGathered<Sched>(p, rank, me, shard, b.gathered, chunks, epoch);
+          !err.empty()) {
+        return err;
+      }
+    }
+    cudaError_t e = cudaSuccess;
+    if (!kernel_join) {
+      e = cudaEventRecord(me.join, me.copy_stream);
+    } else if (!o.skip_push_done) {  // (the fault hook skips the mark)
+      e = StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag, epoch);
+    }
+    if (e != cudaSuccess) return CudaError("join copy stream", e);
   }
   // XLA may reuse the shard's buffer once we return: the pushes must be done by then.
   if (tp > 1 && !kernel_join && cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) {

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from jax_distgemm import ffi as ffi_modules
 from jax_distgemm._src import autodiff, config, primitives, reference, validation, xla_ring
-from jax_distgemm._src.schedules import Schedule, output_shape
+from jax_distgemm._src.schedules import Schedule, gathered_shape, output_shape
 
 IMPLEMENTATIONS = ("ffi", "xla", "reference")
 
@@ -239,11 +239,8 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   if x.shape[-1] == 0:
     out = _empty_contraction(x, w, c, params)
     if return_gathered:  # K = 0: the gathered x [.., TP m, 0] or w [0, TP n] is empty too
-      shape = primitives.gathered_shape(schedule, x.shape, w.shape, tp)
-      gathered = jnp.zeros(shape, x.dtype)
-      if axes := tuple(sorted(_varying(x))):
-        gathered = jax.lax.pcast(gathered, axes, to="varying")
-      return out, gathered
+      shape = gathered_shape(schedule, x.shape, w.shape, tp)
+      return out, autodiff.zeros_varying_like(x, shape)
     return out
   return _matmul(x, w, c, params)
 
@@ -256,9 +253,8 @@ def _empty_contraction(x, w, c, p: autodiff.Params):
   implementation gets this case.
   """
   shape = output_shape(p.schedule, x.shape, w.shape, p.tp)
-  zeros = jnp.zeros(shape, jnp.float32)
-  if axes := tuple(sorted(_varying(x))):  # x, w and c vary alike already (_match_vma)
-    zeros = jax.lax.pcast(zeros, axes, to="varying")  # varies like the product would
+  # Varies like the product would (x, w and c vary alike already: _match_vma).
+  zeros = autodiff.zeros_varying_like(x, shape, jnp.float32)
   return reference.epilogue(zeros, c, alpha=1.0, beta=p.beta, out_dtype=p.out_dtype)
 
 

@@ -128,13 +128,12 @@ def _input_grad(g, w_t, alpha: float, dtype):
   return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
 
 
-def _zeros_like(a, shape=None, dtype=None):
-  """Zeros varying over the manual axes `a` varies over (a cotangent must have its primal's
-  type)."""
+def zeros_varying_like(a, shape=None, dtype=None):
+  """Zeros (of a's shape and dtype unless given) varying over the manual axes `a` varies
+  over: a cotangent must have its primal's type, a result the type the op would give it."""
   z = jnp.zeros(a.shape if shape is None else shape, a.dtype if dtype is None else dtype)
-  varying = lambda v: frozenset(jax.typeof(v).manual_axis_type.varying)
-  if missing := tuple(sorted(varying(a) - varying(z))):
-    z = jax.lax.pcast(z, missing, to="varying")
+  if axes := tuple(sorted(jax.typeof(a).manual_axis_type.varying)):
+    z = jax.lax.pcast(z, axes, to="varying")
   return z
 
 
@@ -159,12 +158,13 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
   def matmul(x, w, c, params: Params):
     return run(x, w, c, params, resolve(x, w, params))
 
+  def residuals(x, w, c):
+    return x, w, None if c is None else jnp.zeros((0,), c.dtype)  # only c's dtype is needed
+
   def fwd(x, w, c, params):
     # Through `matmul` itself (not `run`): under an outer differentiation (grad of grad) the
     # forward is then differentiated by this same rule, never by a JVP of the FFI primitive.
-    out = matmul(x, w, c, params)
-    c_token = None if c is None else jnp.zeros((0,), c.dtype)  # only c's dtype is needed
-    return out, (x, w, c_token)
+    return matmul(x, w, c, params), residuals(x, w, c)
 
   # with_operand: (out, gathered operand).  symbolic_zeros: a gathered operand nobody uses
   # (its cotangent a symbolic zero) costs no reduce-scatter in the backward.
@@ -174,17 +174,15 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
 
   def fwd_with_operand(x, w, c, params):
     x, w, c = (None if a is None else a.value for a in (x, w, c))
-    out = matmul_with_operand(x, w, c, params)  # (see fwd)
-    c_token = None if c is None else jnp.zeros((0,), c.dtype)
-    return out, (x, w, c_token)
+    return matmul_with_operand(x, w, c, params), residuals(x, w, c)  # (see fwd)
 
   def bwd_with_operand(params: Params, res, cts):
     x, w, c_token = res
     g, g_op = cts
     plain = dataclasses.replace(params, with_operand=False)
     if isinstance(g, SymbolicZero):  # only the gathered operand is used
-      dx, dw = _zeros_like(x), _zeros_like(w)
-      dc = None if c_token is None else _zeros_like(x, g.shape, c_token.dtype)
+      dx, dw = zeros_varying_like(x), zeros_varying_like(w)
+      dc = None if c_token is None else zeros_varying_like(x, g.shape, c_token.dtype)
     else:
       dx, dw, dc = bwd(plain, res, g)
     if not isinstance(g_op, SymbolicZero):

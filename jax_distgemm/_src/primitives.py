@@ -32,7 +32,7 @@ from jax_distgemm._src import config
 from jax_distgemm._src import multiprocess
 from jax_distgemm._src import validation
 from jax_distgemm._src import xla_ring
-from jax_distgemm._src.schedules import Schedule, output_shape
+from jax_distgemm._src.schedules import Schedule, gathered_shape, output_shape
 
 TARGET_NAME = "jax_distgemm_v1"
 # The same handler, bound by calls with the gathered operand as a second result.  NOTE: a name
@@ -89,14 +89,6 @@ def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float
       timeout_ms=int(timeout_ms), call_site=_call_site.get(), fallback=bool(fallback),
       gathered=bool(gathered))
   return tuple(results) if gathered else results[0]
-
-
-def gathered_shape(schedule: Schedule, x_shape, w_shape, tp: int) -> tuple[int, ...]:
-  """Shape of an AllGather schedule's gathered operand: x with TP x its rows (RotatingA), or
-  w with TP x its columns (RotatingB)."""
-  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-    return tuple(x_shape[:-2]) + (x_shape[-2] * tp, x_shape[-1])
-  return tuple(w_shape[:-1]) + (w_shape[-1] * tp,)
 
 
 @distgemm_p.def_abstract_eval

@@ -99,3 +99,11 @@ def output_shape(schedule: Schedule, x_shape, w_shape, tp: int) -> tuple[int, ..
   if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
     return batch + (xm // tp, wn)
   return batch + (xm, wn // tp)
+
+
+def gathered_shape(schedule: Schedule, x_shape, w_shape, tp: int) -> tuple[int, ...]:
+  """Per-device shape of an AllGather schedule's gathered operand (return_gathered): x with TP
+  times its rows (RotatingA), or w with TP times its columns (RotatingB)."""
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+    return tuple(x_shape[:-2]) + (x_shape[-2] * tp, x_shape[-1])
+  return tuple(w_shape[:-1]) + (w_shape[-1] * tp,)

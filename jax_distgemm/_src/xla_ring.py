@@ -61,9 +61,8 @@ def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype,
   cur = x if rotating_a else w
   # with_operand: also assemble the gathered operand from the shards the stages hold anyway.
   op_axis = cur.ndim - 2 if rotating_a else cur.ndim - 1
-  op_shape = list(cur.shape)
-  op_shape[op_axis] *= tp
-  gathered = jnp.zeros(op_shape, cur.dtype) if with_operand else None
+  gathered = (jnp.zeros(schedules.gathered_shape(schedule, x.shape, w.shape, tp), cur.dtype)
+              if with_operand else None)
   for i in range(tp):
     # Shard of device (d + i) % tp: receive from the right neighbour, as the push schedule
     # delivers it (device s sends its shard to (s - i) % tp for stage i).
