@@ -287,10 +287,13 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
       for d in range(tp):
         np.testing.assert_array_equal(np.asarray(g[d]), np.asarray(operand), f"device {d}")
 
-  @parameterized.product(schedule=(AG_A, AG_B))
-  def test_return_gathered_empty_contraction(self, schedule):
+  @parameterized.product(schedule=(AG_A, AG_B), empty=("K", "M", "N"))
+  def test_return_gathered_empty(self, schedule, empty):
     # K = 0: zeros, and the gathered operand is empty too (x [M, 0] or w [0, N] per device).
+    # M or N = 0: an empty output, and the gathered operand all the same (never the executor:
+    # api._gathered_without_gemm).
     tp = 4
+    m, k, n = {"K": (M, 0, N), "M": (0, K, N), "N": (M, K, 0)}[empty]
     mesh = test_util.mesh_1d(tp)
     x_spec, w_spec, out_spec = test_util.specs(schedule, 0)
 
@@ -301,12 +304,15 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
 
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec),
                                out_specs=(out_spec, P("tp"))))
-    x, w, _ = test_util.random_inputs(2, (M, 0), (0, N), jnp.bfloat16)
+    x, w, _ = test_util.random_inputs(2, (m, k), (k, n), jnp.bfloat16)
     out, g = fn(jax.device_put(x, NamedSharding(mesh, x_spec)),
                 jax.device_put(w, NamedSharding(mesh, w_spec)))
-    np.testing.assert_array_equal(np.asarray(out, np.float32), np.zeros((M, N), np.float32))
-    self.assertEqual(g.shape, (tp,) + ((M, 0) if schedule == AG_A else (0, N)))
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.zeros((m, n), np.float32))
+    operand = x if schedule == AG_A else w
+    self.assertEqual(g.shape, (tp,) + operand.shape)
     self.assertEqual(g.dtype, jnp.bfloat16)
+    for d in range(tp):
+      np.testing.assert_array_equal(np.asarray(g[d]), np.asarray(operand), f"device {d}")
 
   @parameterized.product(schedule=SCHEDULES)
   def test_distributed_matmul_by_schedule_name(self, schedule):

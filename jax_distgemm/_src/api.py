@@ -236,17 +236,31 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     c = None
   # Matched before the custom_vjp, so cotangents have the operands' types (autodiff.py).
   x, w, c = _match_vma(x, w, c)
-  if x.shape[-1] == 0:
+  empty_out = 0 in output_shape(schedule, x.shape, w.shape, tp)
+  if x.shape[-1] == 0 or (return_gathered and empty_out):
     out = _empty_contraction(x, w, c, params)
-    if return_gathered:  # K = 0: the gathered x [.., TP m, 0] or w [0, TP n] is empty too
-      shape = gathered_shape(schedule, x.shape, w.shape, tp)
-      return out, autodiff.zeros_varying_like(x, shape)
-    return out
+    return (out, _gathered_without_gemm(x, w, params)) if return_gathered else out
   return _matmul(x, w, c, params)
 
 
+def _gathered_without_gemm(x, w, p: autodiff.Params):
+  """The gathered operand of a call with no GEMM to run (K = 0 or an empty output), by XLA.
+
+  NOTE: with an empty stage GEMM the CUDA executor's grid writes none of the marks its copy
+  stream waits for before it copies a peer's shard into the gathered result (executor.cc,
+  CopyGathered), so such calls never reach it.
+  """
+  rotating_a = p.schedule == Schedule.AllGather1D_TilingCD_RotatingA
+  if x.shape[-1] == 0:  # K = 0: the gathered x [.., TP m, 0] or w [0, TP n] is empty too
+    return autodiff.zeros_varying_like(x, gathered_shape(p.schedule, x.shape, w.shape, p.tp))
+  op = x if rotating_a else w
+  axis = p.axis_name if len(p.axis_name) > 1 else p.axis_name[0]
+  return reference.all_gather(op, axis, op.ndim - (2 if rotating_a else 1))
+
+
 def _empty_contraction(x, w, c, p: autodiff.Params):
-  """K = 0: out = beta * c, or zeros of the output's shape; nothing is gathered or reduced.
+  """K = 0 (or, with return_gathered, an empty output): out = beta * c, or zeros of the
+  output's shape; nothing is reduced.
 
   NOTE: a dot with K = 0 inside shard_map crashes XLA:CPU's compiler (segfault, jaxlib 0.11.2),
   whichever implementation lowers it, "reference" and a plain `a @ b` included, so no

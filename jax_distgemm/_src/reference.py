@@ -34,10 +34,10 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: fl
     raise ValueError(f"with_operand: {schedule.name} gathers no operand")
   gathered = None
   if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-    gathered = _all_gather(x, axis_name, rows)
+    gathered = all_gather(x, axis_name, rows)
     acc = matmul_f32(gathered, w)
   elif schedule == Schedule.AllGather1D_TilingCD_RotatingB:
-    gathered = _all_gather(w, axis_name, w.ndim - 1)
+    gathered = all_gather(w, axis_name, w.ndim - 1)
     acc = matmul_f32(x, gathered)
   elif schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
     acc = _psum_scatter(matmul_f32(x, w), axis_name, rows)
@@ -51,7 +51,7 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: fl
 # where the communicated dim is the empty one, one padded entry travels and is dropped again,
 # so the result has the empty shape and the operand's varying axes.
 
-def _all_gather(a, axis_name, axis: int):
+def all_gather(a, axis_name, axis: int):
   if a.shape[axis] == 0:
     pad = [(0, 1 if d == axis else 0) for d in range(a.ndim)]
     g = jax.lax.all_gather(jnp.pad(a, pad), axis_name, axis=axis, tiled=True)
