@@ -221,14 +221,23 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
 
   @parameterized.product(schedule=SCHEDULES, empty=("M", "N"))
   def test_empty_rows_or_columns(self, schedule, empty):
-    # M = 0 or N = 0 globally: an empty result of the right shape and sharding, no error.
+    # M = 0 or N = 0 globally: an empty result of the right shape and sharding, no error, no
+    # call of any implementation (nothing to compute or send: api._empty_contraction), and
+    # zero gradients of the operand that is not empty.
     mesh = test_util.mesh_1d(4)
     m, n = (0, N) if empty == "M" else (M, 0)
     fn, in_specs, out_spec = self.build(schedule, mesh=mesh)
     x, w, _ = test_util.random_inputs(0, (m, K), (K, n), jnp.float32)
-    out = fn(*(jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, w), in_specs)))
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, w), in_specs)]
+    counts = test_util.collectives_in_hlo(fn.lower(*args).compile().as_text())
+    self.assertEqual(sum(counts.values()), 0, counts)
+    out = fn(*args)
     self.assertEqual(out.shape, (m, n))
     self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2))
+    gx, gw = jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=(0, 1))(*args)
+    for g, a in ((gx, x), (gw, w)):
+      self.assertEqual(g.shape, a.shape)
+      np.testing.assert_array_equal(np.asarray(g), np.zeros(a.shape, np.float32))
 
   @parameterized.product(schedule=SCHEDULES, with_c=(False, True))
   def test_empty_contraction(self, schedule, with_c):

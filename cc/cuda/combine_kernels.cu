@@ -59,6 +59,19 @@ std::string Launch(void* out, const void* addend, int64_t n, const StageSync& sy
 
 }  // namespace
 
+std::string PrepareCombineKernels() {
+  // cudaFuncGetAttributes needs the function's module: it loads it now.
+  cudaFuncAttributes attr;
+  for (const void* f : {reinterpret_cast<const void*>(&AddInPlaceKernel<__nv_bfloat16>),
+                        reinterpret_cast<const void*>(&AddInPlaceKernel<__half>),
+                        reinterpret_cast<const void*>(&AddInPlaceKernel<float>)}) {
+    if (cudaError_t e = cudaFuncGetAttributes(&attr, f); e != cudaSuccess) {
+      return std::string("add kernel: cudaFuncGetAttributes: ") + cudaGetErrorString(e);
+    }
+  }
+  return "";
+}
+
 std::string LaunchAddInPlace(ElemType t, void* out, const void* addend, int64_t n,
                              const StageSync& sync, int sm_count, cudaStream_t stream) {
   // NOTE: both pointers come from 256-byte aligned buffers (XLA outputs, workspace slots), so

@@ -17,4 +17,9 @@ namespace jax_distgemm::cuda {
 std::string LaunchAddInPlace(ElemType t, void* out, const void* addend, int64_t n,
                              const StageSync& sync, int sm_count, cudaStream_t stream);
 
+// Loads every kernel of this file on the current device (as PrepareGemmKernels does the
+// GEMMs'): the add kernel spins on a peer's flag, so its first launch must not be the one that
+// loads it (lazy loading; docs/design.md, "Symmetric workspace").
+std::string PrepareCombineKernels();
+
 }  // namespace jax_distgemm::cuda

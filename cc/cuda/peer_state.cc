@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cc/common/rendezvous.h"
+#include "cc/cuda/combine_kernels.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
 #include "cc/cuda/stage_trace.h"
@@ -79,6 +80,7 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
+  if (std::string err = PrepareCombineKernels(); !err.empty()) return err;
   if (std::string err = TraceInit(d.ordinal); !err.empty()) return err;  // JAX_DISTGEMM_TRACE=1
   JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   return "";

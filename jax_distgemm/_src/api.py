@@ -236,8 +236,9 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     c = None
   # Matched before the custom_vjp, so cotangents have the operands' types (autodiff.py).
   x, w, c = _match_vma(x, w, c)
-  empty_out = 0 in output_shape(schedule, x.shape, w.shape, tp)
-  if x.shape[-1] == 0 or (return_gathered and empty_out):
+  # NOTE: no GEMM to run (K = 0, or an empty output): no implementation gets the call
+  # (_empty_contraction), so no executor ever sees a grid without tiles.
+  if x.shape[-1] == 0 or 0 in output_shape(schedule, x.shape, w.shape, tp):
     out = _empty_contraction(x, w, c, params)
     return (out, _gathered_without_gemm(x, w, params)) if return_gathered else out
   return _matmul(x, w, c, params)
@@ -246,9 +247,9 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
 def _gathered_without_gemm(x, w, p: autodiff.Params):
   """The gathered operand of a call with no GEMM to run (K = 0 or an empty output), by XLA.
 
-  NOTE: with an empty stage GEMM the CUDA executor's grid writes none of the marks its copy
-  stream waits for before it copies a peer's shard into the gathered result (executor.cc,
-  CopyGathered), so such calls never reach it.
+  NOTE: with an empty stage GEMM the CUDA executor's grid would write none of the marks its
+  copy stream waits for before it copies a peer's shard into the gathered result (executor.cc,
+  CopyGathered), one more reason such calls never reach it.
   """
   rotating_a = p.schedule == Schedule.AllGather1D_TilingCD_RotatingA
   if x.shape[-1] == 0:  # K = 0: the gathered x [.., TP m, 0] or w [0, TP n] is empty too
@@ -259,8 +260,9 @@ def _gathered_without_gemm(x, w, p: autodiff.Params):
 
 
 def _empty_contraction(x, w, c, p: autodiff.Params):
-  """K = 0 (or, with return_gathered, an empty output): out = beta * c, or zeros of the
-  output's shape; nothing is reduced.
+  """K = 0, or an empty output (M or N = 0): out = beta * c, or zeros of the output's shape;
+  nothing is reduced, and nothing is sent (every peer skips the call alike: shapes are
+  SPMD-uniform).  Gradients of x and w are zeros (x @ w has no term in them).
 
   NOTE: a dot with K = 0 inside shard_map crashes XLA:CPU's compiler (segfault, jaxlib 0.11.2),
   whichever implementation lowers it, "reference" and a plain `a @ b` included, so no
