@@ -1,4 +1,4 @@
-# Twenty-fifth session's one-H200 smoke of 84e5d58 (performance.md Z): on CUDA, at TP=1, an
+# A one-H200 smoke of 84e5d58 (performance.md Z): on CUDA, at TP=1, an
 # empty output (M = 0 or N = 0) of every schedule with implementation="ffi" must give an empty
 # result with no custom call and no collective in its HLO, zero gradients of both operands, and a
 # non-empty call right after it must still match XLA's reference (the group's kernels,
