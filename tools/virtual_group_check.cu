@@ -15,6 +15,8 @@
 // that a case's 2 TP streams (each rank's main and copy stream, created in that order, 16 at
 // TP=8) land on distinct hardware queues: CUDA assigns queues round-robin in creation order,
 // and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it.
+// Measured at TP=8 (docs/performance.md Z2): with 8 or 4 queues every run stalled; with 32 a
+// case still times out now and then (Y3: 3 of 66 runs; Z2: 1 of 24), cause not established.
 //
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
