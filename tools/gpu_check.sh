@@ -16,7 +16,7 @@
 # (tools/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a
 # CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
 # as NOT RUN, with --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per
-# run (default 60 s).
+# run (default 60 s); VTP_ARGS, more arguments for every run (e.g. "--group-per-case 0").
 #
 # --ncu-only: hardware counters (Nsight Compute), ours against XLA's dot on one GPU
 # (tools/ncu_stage.py): the stage GEMMs of NCU_CASES (default: the suite's stages below 0.97 of
@@ -74,7 +74,7 @@ virtual_tp() {
     name=${run%%:*}; args=${run#*:}
     set +e
     # shellcheck disable=SC2086
-    timeout "${VTP_TIMEOUT:-60}" "$bin" $args > "$OUT/virtual_$name.log" 2>&1
+    timeout "${VTP_TIMEOUT:-60}" "$bin" $args ${VTP_ARGS:-} > "$OUT/virtual_$name.log" 2>&1
     rc=$?
     set -e
     log "virtual $name ($args) on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_$name.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_$name.log") failed$( [[ $rc -ne 0 ]] && echo ": $(grep ' FAIL ' "$OUT/virtual_$name.log" | cut -c1-60 | tr -s ' ' | tr '\n' ';')")"
@@ -82,7 +82,8 @@ virtual_tp() {
   done
   # The control: each rank checked against its neighbour's expected output; every case must fail.
   set +e
-  timeout "${VTP_TIMEOUT:-60}" "$bin" --tp 4 --control 1 > "$OUT/virtual_tp4_control.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout "${VTP_TIMEOUT:-60}" "$bin" --tp 4 --control 1 ${VTP_ARGS:-} > "$OUT/virtual_tp4_control.log" 2>&1
   rc=$?
   set -e
   log "virtual TP=4 control (wrong reference): exit $rc; $(grep -c 'control OK' "$OUT/virtual_tp4_control.log") cases caught the error, $(grep -c 'not caught' "$OUT/virtual_tp4_control.log") did not"
@@ -91,7 +92,8 @@ virtual_tp() {
   # return, ranks 1..TP-1 with the timeout error (the watchdog ends a hung run, exit status 3).
   for tp in 2 8; do
     set +e
-    timeout "${VTP_TIMEOUT:-60}" "$bin" --tp $tp --fault 1 --timeout-ms 500 \
+    # shellcheck disable=SC2086
+    timeout "${VTP_TIMEOUT:-60}" "$bin" --tp $tp --fault 1 --timeout-ms 500 ${VTP_ARGS:-} \
       > "$OUT/virtual_tp${tp}_fault.log" 2>&1
     rc=$?
     set -e

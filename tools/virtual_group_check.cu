@@ -15,13 +15,14 @@
 // that a case's 2 TP streams (each rank's main and copy stream, created in that order, 16 at
 // TP=8) land on distinct hardware queues: CUDA assigns queues round-robin in creation order,
 // and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it.
-// Measured at TP=8 (docs/performance.md Z2): with 8 or 4 queues every run stalled; with 32 a
-// case still times out now and then (Y3: 3 of 66 runs; Z2: 1 of 24), cause not established.
+// Measured at TP=8 (docs/performance.md Z2, Z3): with 8 or 4 queues every run stalled; with 16
+// or 32 and a fresh group per case a case still timed out now and then (5 of 127 runs, Y3-Z3),
+// and with the run's one group (the default now) 0 of 66 did.
 //
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
-//       [--control 1] [--fault 1]
+//       [--control 1] [--fault 1] [--group-per-case 0]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
 // --fault 1: rank 0 never pushes (CallOptions::skip_signals) in the "+gathered" cases; each
 // passes if every rank returns (no hang: the copy stream's waits on its own grid's marks must
@@ -209,6 +210,12 @@ bool verbose = false;  // --verbose 1: a line per rank and call
 // so that every case must FAIL: shows that the check can fail (printed as "control ...").
 bool control = false;
 bool fault = false;  // --fault 1 (see the file comment)
+// --group-per-case 0 (default): one group (and one main stream per rank) for the whole run,
+// reset between cases (flags, epochs, error record: PeerGroup::Reset), so that the run creates
+// 2 TP streams in all, as a process under XLA does.  1: a fresh group per case (as before
+// 2026-12-03), whose copy streams live on (groups are process-lifetime) while each case
+// creates 2 TP more; that mode's rare TP=8 timeouts did not occur in this one (performance.md Z3).
+bool group_per_case = false;
 
 // Where each rank's thread is (the watchdog prints it when a call stalls).
 enum Phase : int { kIdle = 0, kSetup = 1, kEnqueue = 2, kSync = 3, kDone = 4 };
@@ -217,7 +224,8 @@ const char* kPhaseNames[] = {"idle", "EnsureReady", "EnqueueDistGemm", "cudaStre
 std::atomic<int> g_phase[8];
 std::atomic<int> g_call{-1};
 
-// Runs `calls` calls of one case on a fresh group; returns whether every output matched.
+// Runs `calls` calls of one case (on the run's group, or a fresh one); returns whether every
+// output matched.
 bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_ms,
              int group_base) {
   int64_t xs[2], ws[2], os[2];
@@ -236,10 +244,18 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                 err.c_str());
     return true;
   }
-  // A fresh group per case (distinct global ids, all on ordinal 0): flags and epochs start at 0.
+  // A fresh group per case (distinct global ids, all on ordinal 0): flags and epochs start at 0;
+  // or the run's one group, reset (flags, epochs, error record) after the previous case.
   std::vector<int64_t> ids(tp);
-  for (int r = 0; r < tp; ++r) ids[r] = group_base + r;
+  for (int r = 0; r < tp; ++r) ids[r] = (group_per_case ? group_base : 1000) + r;
   jc::PeerGroup* group = jc::GetPeerGroup(ids, std::vector<int>(tp, 0));
+  if (!group_per_case) {
+    if (std::string err = group->Reset(); !err.empty()) {
+      std::printf("%-36s %-22s FAIL  reset: %s\n", jdg::ScheduleName(c.schedule), PathName(c),
+                  err.c_str());
+      return false;
+    }
+  }
   jc::CallOptions opt;
   opt.timeout_ms = timeout_ms;
   opt.poison_output = true;  // unwritten tiles read NaN
@@ -277,10 +293,17 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     CHECK_CUDA(cudaMalloc(&got[r], out_elems * 4));
     if (c.gathered) CHECK_CUDA(cudaMalloc(&gathered[r], tp * shard_elems * 2));
   }
-  // Each rank's main stream, created before the group's copy streams (first call's setup).
+  // Each rank's main stream, created before the group's copy streams (first call's setup):
+  // per case, or once for the run with --group-per-case 0.
+  static std::vector<cudaStream_t> run_streams;
   std::vector<cudaStream_t> streams(tp);
   for (int r = 0; r < tp; ++r) {
+    if (!group_per_case && int(run_streams.size()) > r) {
+      streams[r] = run_streams[r];
+      continue;
+    }
     CHECK_CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+    if (!group_per_case) run_streams.push_back(streams[r]);
   }
   bool ok = true;
   double worst = 0;
@@ -441,7 +464,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
   }
   std::fflush(stdout);
   for (int r = 0; r < tp; ++r) {
-    cudaStreamDestroy(streams[r]);
+    if (group_per_case) cudaStreamDestroy(streams[r]);
     cudaFree(x[r]);
     cudaFree(w[r]);
     cudaFree(out[r]);
@@ -449,7 +472,8 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     cudaFree(got[r]);
     if (gathered[r] != nullptr) cudaFree(gathered[r]);
   }
-  // A timed-out group keeps its sticky error; later cases use fresh groups.
+  // A timed-out group keeps its error record until the next case resets it (--group-per-case 1:
+  // until the end; later cases use fresh groups).
   return ok;
 }
 
@@ -481,6 +505,7 @@ int main(int argc, char** argv) {
   verbose = Arg(argc, argv, "--verbose", 0) != 0;
   control = Arg(argc, argv, "--control", 0) != 0;
   fault = Arg(argc, argv, "--fault", 0) != 0;
+  group_per_case = Arg(argc, argv, "--group-per-case", 0) != 0;
   g_f16 = Arg(argc, argv, "--f16", 0) != 0;
   g_out_f32 = Arg(argc, argv, "--out-f32", 0) != 0;
   g_batch = std::max<int64_t>(1, Arg(argc, argv, "--batch", 1));
