@@ -16,7 +16,7 @@
 # (tools/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a
 # CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
 # as NOT RUN, with --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per
-# run (default 60 s); VTP_ARGS, more arguments for every run (e.g. "--group-per-case 0").
+# run (default 60 s); VTP_ARGS, more arguments for every run (e.g. "--group-per-case 1").
 #
 # --ncu-only: hardware counters (Nsight Compute), ours against XLA's dot on one GPU
 # (tools/ncu_stage.py): the stage GEMMs of NCU_CASES (default: the suite's stages below 0.97 of

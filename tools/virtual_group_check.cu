@@ -22,7 +22,7 @@
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
-//       [--control 1] [--fault 1] [--group-per-case 0]
+//       [--control 1] [--fault 1] [--group-per-case 1]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
 // --fault 1: rank 0 never pushes (CallOptions::skip_signals) in the "+gathered" cases; each
 // passes if every rank returns (no hang: the copy stream's waits on its own grid's marks must
