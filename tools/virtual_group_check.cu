@@ -12,7 +12,7 @@
 // kernels spin on flags that other ranks' grids and copies set.
 //
 // NOTE: set before the CUDA context exists: CUDA_DEVICE_MAX_CONNECTIONS=32 (main does), so
-// that a case's 2 TP streams (each rank's main and copy stream, created in that order, 16 at
+// that the group's 2 TP streams (each rank's main and copy stream, created in that order, 16 at
 // TP=8) land on distinct hardware queues: CUDA assigns queues round-robin in creation order,
 // and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it.
 // Measured at TP=8 (docs/performance.md Z2, Z3): with 8 or 4 queues every run stalled; with 16

@@ -7,6 +7,7 @@
 #   eager  CUDA_MODULE_LOADING=EAGER (every kernel loaded at context creation)
 # Usage: docs/bench/2026-12-02d_h200_virtual_flake.sh BIN OUTDIR ROUNDS [CONN_ROUNDS]
 # (base and eager run ROUNDS times, conn8 and conn4 in the first CONN_ROUNDS rounds only)
+# Every run a fresh group per case, the tool's default when Z2 ran it (--group-per-case 1 now).
 set -u
 bin=$1 out=$2 rounds=${3:-10} conn_rounds=${4:-5}
 mkdir -p "$out"
@@ -23,7 +24,7 @@ for ((r = 1; r <= rounds; ++r)); do
     esac
     log=$out/run.log
     start=$(date +%s.%N)
-    env "${env[@]}" timeout 60 "$bin" --tp 8 > "$log" 2>&1
+    env "${env[@]}" timeout 60 "$bin" --tp 8 --group-per-case 1 > "$log" 2>&1
     rc=$?
     secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
     ok=$(grep -c ' OK ' "$log"); fail=$(grep -c ' FAIL ' "$log")

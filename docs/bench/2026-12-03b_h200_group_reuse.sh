@@ -2,8 +2,8 @@
 # Z2's rare residual flake at 32 hardware queues: does the virtual check's stream churn cause it?
 # With --group-per-case 1 every case makes a fresh group, and groups live for the process, so
 # a run leaves 8 more copy streams alive per case at TP=8 while each case's 16 streams are
-# created anew.  With
-# --group-per-case 0 the run has one group (reset between cases) and 16 streams in all.
+# created anew.  With --group-per-case 0 the run has one group (reset between cases) and 16
+# streams in all.
 # (Run in Z3 with the tool's old default, 1; both modes are named explicitly now.)
 # Interleaved whole TP=8 runs (26 cases):
 #   old16 / new16  CUDA_DEVICE_MAX_CONNECTIONS=16 (exactly the 16 streams a case needs), old / new
