@@ -224,10 +224,11 @@ const char* kPhaseNames[] = {"idle", "EnsureReady", "EnqueueDistGemm", "cudaStre
 std::atomic<int> g_phase[8];
 std::atomic<int> g_call{-1};
 
-// Runs `calls` calls of one case (on the run's group, or a fresh one); returns whether every
-// output matched.
+// Runs `calls` calls of one case (on the run's group and its main streams `run_streams`, or,
+// with `run_streams` empty, a fresh group and streams of its own); returns whether every output
+// matched.
 bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_ms,
-             int group_base) {
+             int group_base, const std::vector<cudaStream_t>& run_streams) {
   int64_t xs[2], ws[2], os[2];
   LocalShapes(c.schedule, tp, g, xs, ws, os);
   jdg::Problem p;
@@ -294,16 +295,13 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
     if (c.gathered) CHECK_CUDA(cudaMalloc(&gathered[r], tp * shard_elems * 2));
   }
   // Each rank's main stream, created before the group's copy streams (first call's setup):
-  // per case, or once for the run with --group-per-case 0.
-  static std::vector<cudaStream_t> run_streams;
-  std::vector<cudaStream_t> streams(tp);
-  for (int r = 0; r < tp; ++r) {
-    if (!group_per_case && int(run_streams.size()) > r) {
-      streams[r] = run_streams[r];
-      continue;
+  // the run's (main), or this case's own with --group-per-case 1.
+  std::vector<cudaStream_t> streams = run_streams;
+  if (group_per_case) {
+    streams.resize(tp);
+    for (int r = 0; r < tp; ++r) {
+      CHECK_CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
     }
-    CHECK_CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
-    if (!group_per_case) run_streams.push_back(streams[r]);
   }
   bool ok = true;
   double worst = 0;
@@ -573,12 +571,20 @@ int main(int argc, char** argv) {
       {kAgB, 0, 0, true, 2, true},
       {kAgB, 0, 0, false, 2, true},
   };
+  // The run's main streams (one per rank, for the whole run, created before any group's copy
+  // streams), unless each case makes its own (--group-per-case 1).
+  std::vector<cudaStream_t> run_streams;
+  for (int r = 0; r < tp && !group_per_case; ++r) {
+    cudaStream_t s;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    run_streams.push_back(s);
+  }
   bool all = true;
   int base = 1000;
   for (int i = 0; i < int(sizeof(cases) / sizeof(cases[0])); ++i, base += 100) {
     if (only >= 0 && i != only) continue;
     if (fault && !cases[i].gathered) continue;
-    all = RunCase(cases[i], tp, g, calls, timeout_ms, base) && all;
+    all = RunCase(cases[i], tp, g, calls, timeout_ms, base, run_streams) && all;
   }
   std::printf("%s\n", all ? "ALL OK" : "FAILED");
   return all ? 0 : 1;
