@@ -72,8 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--implementation", choices=("ffi", "xla", "reference", "auto"),
                  default="auto",
                  help="ffi: the fused custom call; xla: a ppermute ring; reference: XLA "
-                      "all-gather/reduce-scatter + dot; auto: ffi where it can run, else xla "
-                      "(default: auto)")
+                      "all-gather/reduce-scatter + dot; auto: implementation=None, i.e. ffi where "
+                      "it can run and is expected to be faster, reference where XLA's own "
+                      "path is expected to be (CUDA decode shapes), else xla (default: auto)")
   p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
   args = p.parse_args(argv)
   for name in ("m", "n", "k", "tp"):

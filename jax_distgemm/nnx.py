@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
 from jax.sharding import PartitionSpec as P
@@ -75,6 +76,13 @@ class _ParallelLinear(nnx.Module):
                implementation: str | None | Callable = None, axis: str = "tp",
                batch_axis: str | None = "data", mesh: jax.sharding.Mesh | None = None,
                rngs: nnx.Rngs):
+    for name, v in (("in_features", in_features), ("out_features", out_features)):
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{type(self).__name__}: {name} must be a positive integer, got {v!r}")
+    if batch_axis is not None and batch_axis == axis:
+      raise ValueError(f"{type(self).__name__}: batch_axis and axis must be different mesh "
+                       f"axes (the batch dim and the sequence dim cannot both be sharded over "
+                       f"{axis!r}); pass batch_axis=None for no data-parallel axis")
     self.in_features, self.out_features = int(in_features), int(out_features)
     self.use_bias, self.dtype, self.param_dtype = use_bias, dtype, param_dtype
     self.axis, self.batch_axis, self.mesh = axis, batch_axis, mesh

@@ -303,6 +303,13 @@ class CpuLayerTest(LayerCases, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "'model' is not an axis"):
       tp_nnx.ColumnParallelLinear(D_IN, D_OUT, axis="model", mesh=self.mesh,
                                   rngs=nnx.Rngs(0))
+    # Checked at construction, naming the argument (was a bare AssertionError at call time).
+    with self.assertRaisesRegex(ValueError, "batch_axis and axis must be different"):
+      tp_nnx.RowParallelLinear(D_IN, D_OUT, batch_axis="tp", mesh=self.mesh, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, "in_features must be a positive integer, got 16.5"):
+      tp_nnx.ColumnParallelLinear(16.5, D_OUT, mesh=self.mesh, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, "out_features must be a positive integer, got 0"):
+      tp_nnx.ColumnParallelLinear(D_IN, 0, mesh=self.mesh, rngs=nnx.Rngs(0))
 
 
 class CpuBf16LayerTest(LayerCases, parameterized.TestCase):

@@ -200,6 +200,15 @@ class ExplicitPathTest(parameterized.TestCase):
         a, b, in_specs=(P(None, "tp", None), P("tp", None)), out_sharding=out_sharding,
         fallback="dot"), xd, wd)
     self.assertEqual(c["jax_distgemm"], 0, c)
+    # The fused path's rules on alpha and dtypes hold for the plain dot too: no NaN alpha,
+    # no integer output, no int8 dot saturating in its own dtype.
+    with self.assertRaisesRegex(ValueError, "alpha: must be finite"):
+      jax_distgemm.collective_matmul(xd, wd, alpha=float("nan"), fallback="dot")
+    with self.assertRaisesRegex(TypeError, "out_dtype: int32 is not supported"):
+      jax_distgemm.collective_matmul(xd, wd, out_dtype=jnp.int32, fallback="dot")
+    xi, wi = (jax.device_put(np.asarray(a, np.int8), a.sharding) for a in (xd, wd))
+    with self.assertRaisesRegex(TypeError, "x: dtype int8 is not supported"):
+      jax_distgemm.collective_matmul(xi, wi, fallback="dot")
 
   def test_mesh_errors(self):
     mesh = test_util.mesh_1d(8)

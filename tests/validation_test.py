@@ -144,6 +144,10 @@ class ValidationTest(absltest.TestCase):
   def test_unsupported_out_dtype(self):
     with self.assertRaisesMsg(TypeError, "out_dtype: int32 is not supported"):
       trace(dm(AG_A, out_dtype=jnp.int32), AG_A, (16, 8), (8, 16))
+    # Not a dtype, or a falsy non-None value (which used to mean x's dtype): named, refused.
+    for bad in ("nonsense", 0, False):
+      with self.assertRaisesMsg(TypeError, f"out_dtype: {bad!r} is not supported"):
+        trace(dm(AG_A, out_dtype=bad), AG_A, (16, 8), (8, 16))
 
   # -- axis / mesh -------------------------------------------------------------------------------
 
@@ -316,7 +320,7 @@ class ValidationTest(absltest.TestCase):
 
   def test_alpha_beta_not_finite(self):
     # 1e300 became inf in the kernels' float32 scalar, with only NumPy's overflow warning.
-    for bad in (1e300, float("nan"), float("inf")):
+    for bad in (1e300, float("nan"), float("inf"), 10**400):  # 10**400: float() overflows
       with self.assertRaisesMsg(ValueError, "alpha: must be finite as a float32 (the kernels' "
                                 "epilogue scalar), got"):
         trace(dm(AG_A, alpha=bad), AG_A, (16, 8), (8, 16))
@@ -377,6 +381,24 @@ class ValidationTest(absltest.TestCase):
               jax.device_put(wg, NamedSharding(mesh, ws)))
       self.assertNotIn("jax_distgemm_v1", f.lower(xg, wg).as_text())
     self.assertLess(tu.rel_err(out, tu.reference_np(xg, wg)), 1e-5)
+
+  def test_ffi_in_nested_shard_map(self):
+    # An inner shard_map without mesh= lowers with an AbstractMesh: 'ffi' says why it cannot run
+    # (reading its `devices` used to raise a ValueError first), None runs the XLA ring.
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2 * TP]).reshape(2, TP), ("data", "tp"))
+    xg, wg, _ = tu.random_inputs(0, (2, 16, 8), (8, 16), jnp.float32)
+
+    def run(impl):
+      inner = jax.shard_map(
+          lambda x, w: jd.all_gather_matmul(x, w, axis_name="tp", implementation=impl),
+          in_specs=(P(None, "tp", None), P(None, "tp")), out_specs=P(None, None, "tp"),
+          axis_names={"tp"})
+      return jax.jit(jax.shard_map(inner, mesh=mesh, in_specs=(P("data"), P()),
+                                   out_specs=P("data"), axis_names={"data"}))(xg, wg)
+
+    with self.assertRaisesRegex(NotImplementedError, "concrete jax.sharding.Mesh"):
+      run("ffi")
+    self.assertLess(tu.rel_err(run(None), np.asarray(xg) @ np.asarray(wg)), 1e-5)
 
   def test_ffi_cuda_not_built(self):
     x, w = _sds((4, 8), jnp.bfloat16), _sds((8, 16), jnp.bfloat16)

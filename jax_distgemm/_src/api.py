@@ -219,7 +219,7 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     raise ValueError(f"return_gathered: only an AllGather schedule gathers an operand, not "
                      f"{schedule.name}")
   axis_name = validation.normalize_axis_name(axis_name)
-  out_dtype = jnp.dtype(out_dtype or x.dtype)
+  out_dtype = validation.resolve_out_dtype(out_dtype, x.dtype)
   tp = validation.check_call(x, w, c, schedule=schedule, axis_name=axis_name, alpha=alpha,
                              beta=beta, out_dtype=out_dtype)
   if timeout_ms is None:

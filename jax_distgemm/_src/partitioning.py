@@ -49,7 +49,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_distgemm._src import api, primitives
+from jax_distgemm._src import api, primitives, validation
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
 
@@ -347,7 +347,12 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   x_ndim, w_ndim = jnp.ndim(x), jnp.ndim(w)
   if x_ndim < 2 or w_ndim < 2:
     raise ValueError(f"x, w: need rank >= 2, got shapes {jnp.shape(x)} and {jnp.shape(w)}")
-  o = _Options(axis=axis, alpha=float(alpha), out_dtype=jnp.dtype(out_dtype or x.dtype),
+  # The fused path's rules on scalars and dtypes hold for fallback="dot" too (no int8 dot
+  # saturating in its own dtype, no NaN alpha).
+  validation.check_scalars(alpha=alpha)
+  validation.check_dtypes(x, w)
+  o = _Options(axis=axis, alpha=float(alpha),
+               out_dtype=validation.resolve_out_dtype(out_dtype, x.dtype),
                implementation=implementation, timeout_ms=timeout_ms)
   out_spec, out_mesh = _out_spec_of(out_sharding)
 

@@ -129,7 +129,10 @@ def device_groups(mesh, axis_name: tuple, tp: int, platform: str = "cpu") -> np.
 def _concrete_mesh(ctx):
   ac = ctx.module_context.axis_context
   mesh = getattr(ac, "mesh", None) if isinstance(ac, sharding_impls.SPMDAxisContext) else None
-  if mesh is None or not hasattr(mesh, "devices") or isinstance(mesh, jax.sharding.AbstractMesh):
+  # NOTE: AbstractMesh first: its `devices` property raises (an inner shard_map nested in an
+  # outer one without `mesh=` lowers with an AbstractMesh), so hasattr would not return False.
+  if (mesh is None or isinstance(mesh, jax.sharding.AbstractMesh)
+      or not hasattr(mesh, "devices")):
     raise NotImplementedError(
         "jax_distgemm: the FFI implementation must be lowered inside jax.shard_map over a "
         "concrete jax.sharding.Mesh (the device ids of the TP group are needed); use "

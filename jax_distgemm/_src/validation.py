@@ -47,18 +47,51 @@ def _shape(a) -> tuple[int, ...]:
   return tuple(np.shape(a))
 
 
-def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha, beta,
-               out_dtype) -> int:
-  """Validates one call; returns TP."""
-  tp = axis_size(axis_name)
-  for name, v in (("alpha", alpha), ("beta", beta)):
+def check_scalars(**scalars) -> None:
+  """alpha / beta: static, finite as a float32 (the kernels' epilogue scalars)."""
+  for name, v in scalars.items():
     if isinstance(v, jax.core.Tracer) or not isinstance(v, (int, float, np.floating,
                                                             np.integer)):
       raise TypeError(f"{name}: must be a static Python float (or int, or NumPy scalar), got "
                       f"{type(v).__name__}")
-    if not abs(float(v)) <= float(np.finfo(np.float32).max):  # False for nan too
+    try:
+      finite = abs(float(v)) <= float(np.finfo(np.float32).max)  # False for nan too
+    except OverflowError:  # an int beyond a float64
+      finite = False
+    if not finite:
       raise ValueError(f"{name}: must be finite as a float32 (the kernels' epilogue scalar), "
                        f"got {v!r}")
+
+
+def resolve_out_dtype(out_dtype, x_dtype) -> np.dtype:
+  """out_dtype (None: x's) as a supported dtype, or a TypeError naming it."""
+  if out_dtype is None:
+    return jnp.dtype(x_dtype)
+  try:
+    d = jnp.dtype(out_dtype)
+  except TypeError:
+    d = None
+  if d is None or d not in SUPPORTED_DTYPES or isinstance(out_dtype, (bool, int)):
+    shown = d.name if d is not None and not isinstance(out_dtype, (bool, int)) else repr(out_dtype)
+    raise TypeError(f"out_dtype: {shown} is not supported; use bfloat16, float16 or float32 "
+                    "(or None for x's dtype)")
+  return d
+
+
+def check_dtypes(x, w) -> None:
+  xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
+  if xd not in SUPPORTED_DTYPES:
+    raise TypeError(
+        f"x: dtype {xd.name} is not supported; use bfloat16, float16 or float32")
+  if wd != xd:
+    raise TypeError(f"x, w: dtypes must match, got {xd.name} and {wd.name}")
+
+
+def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha, beta,
+               out_dtype) -> int:
+  """Validates one call; returns TP."""
+  tp = axis_size(axis_name)
+  check_scalars(alpha=alpha, beta=beta)
   xs, ws = _shape(x), _shape(w)
   if len(xs) < 2:
     raise ValueError(f"x: must have rank >= 2 ([..., rows, contraction]), got shape {xs}")
@@ -68,12 +101,7 @@ def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha
         f"shape {ws}")
   if len(ws) > 2 and ws[:-2] != xs[:-2]:
     raise ValueError(f"w: batch dims {ws[:-2]} must equal those of x {xs[:-2]}")
-  xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
-  if xd not in SUPPORTED_DTYPES:
-    raise TypeError(
-        f"x: dtype {xd.name} is not supported; use bfloat16, float16 or float32")
-  if wd != xd:
-    raise TypeError(f"x, w: dtypes must match, got {xd.name} and {wd.name}")
+  check_dtypes(x, w)
   if jnp.dtype(out_dtype) not in SUPPORTED_DTYPES:
     raise TypeError(
         f"out_dtype: {_dtype_name(out_dtype)} is not supported; use bfloat16, float16 or "
