@@ -214,7 +214,8 @@ bool fault = false;  // --fault 1 (see the file comment)
 // reset between cases (flags, epochs, error record: PeerGroup::Reset), so that the run creates
 // 2 TP streams in all, as a process under XLA does.  1: a fresh group per case (as before
 // 2026-12-03), whose copy streams live on (groups are process-lifetime) while each case
-// creates 2 TP more; that mode's rare TP=8 timeouts did not occur in this one (performance.md Z3, AA).
+// creates 2 TP more; that mode's rare TP=8 timeouts did not occur in this one (performance.md
+// Z3, AA).
 bool group_per_case = false;
 
 // Where each rank's thread is (the watchdog prints it when a call stalls).

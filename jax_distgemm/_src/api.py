@@ -221,7 +221,7 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   axis_name = validation.normalize_axis_name(axis_name)
   out_dtype = validation.resolve_out_dtype(out_dtype, x.dtype)
   tp = validation.check_call(x, w, c, schedule=schedule, axis_name=axis_name, alpha=alpha,
-                             beta=beta, out_dtype=out_dtype)
+                             beta=beta)
   if timeout_ms is None:
     timeout_ms = config.default_timeout_ms()
   else:

@@ -69,10 +69,10 @@ def resolve_out_dtype(out_dtype, x_dtype) -> np.dtype:
     return jnp.dtype(x_dtype)
   try:
     d = jnp.dtype(out_dtype)
-  except TypeError:
+  except TypeError:  # not a dtype: "nonsense", and 0 or False (once taken for x's dtype)
     d = None
-  if d is None or d not in SUPPORTED_DTYPES or isinstance(out_dtype, (bool, int)):
-    shown = d.name if d is not None and not isinstance(out_dtype, (bool, int)) else repr(out_dtype)
+  if d is None or d not in SUPPORTED_DTYPES:
+    shown = repr(out_dtype) if d is None else d.name
     raise TypeError(f"out_dtype: {shown} is not supported; use bfloat16, float16 or float32 "
                     "(or None for x's dtype)")
   return d
@@ -87,9 +87,9 @@ def check_dtypes(x, w) -> None:
     raise TypeError(f"x, w: dtypes must match, got {xd.name} and {wd.name}")
 
 
-def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha, beta,
-               out_dtype) -> int:
-  """Validates one call; returns TP."""
+def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha,
+               beta) -> int:
+  """Validates one call (out_dtype: resolve_out_dtype); returns TP."""
   tp = axis_size(axis_name)
   check_scalars(alpha=alpha, beta=beta)
   xs, ws = _shape(x), _shape(w)
@@ -102,10 +102,6 @@ def check_call(x, w, c, *, schedule: Schedule, axis_name: tuple[str, ...], alpha
   if len(ws) > 2 and ws[:-2] != xs[:-2]:
     raise ValueError(f"w: batch dims {ws[:-2]} must equal those of x {xs[:-2]}")
   check_dtypes(x, w)
-  if jnp.dtype(out_dtype) not in SUPPORTED_DTYPES:
-    raise TypeError(
-        f"out_dtype: {_dtype_name(out_dtype)} is not supported; use bfloat16, float16 or "
-        "float32")
   if xs[-1] != ws[-2]:
     raise ValueError(
         f"x, w: contraction dims must match: x has K={xs[-1]} (shape {xs}) but w has "
