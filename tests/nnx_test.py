@@ -293,6 +293,36 @@ class CpuLayerTest(LayerCases, parameterized.TestCase):
     self.assert_close(y, dense(x, *params_np(col)), "y")
     self.assertTrue(y.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "tp")), 2))
 
+  def test_explicit_mesh_input_in_any_layout(self):
+    # On Explicit axes shard_map refuses an input whose sharding differs from in_specs; the
+    # layers lay it out themselves (this failed before: "in_specs ... does not match").
+    mesh = jax.make_mesh(self.MESH_SHAPE, ("data", "tp"), devices=self.devices(),
+                         axis_types=(AxisType.Explicit,) * 2)
+    x = random_x(11, (B, S, D_IN))
+    for layer, mode in itertools.product(LAYERS, ("eager", "jit")):
+      with self.subTest(layer=layer, mode=mode), jax.set_mesh(mesh):
+        d_out = D_OUT if layer == "column" else D_IN
+        lay = layer_cls(layer)(D_IN, d_out, rngs=nnx.Rngs(0), implementation="ffi")
+        xs = jax.device_put(x, NamedSharding(mesh, P()))  # replicated: not the layer's layout
+        y = lay(xs) if mode == "eager" else nnx.jit(lambda m, x: m(x))(lay, xs)
+        self.assert_close(y, dense(x, *params_np(lay)), "y")
+        out_spec = P("data", None, "tp") if layer == "column" else P("data", "tp", None)
+        self.assertEqual(y.sharding.spec, out_spec)
+    # The block's gradients: the input's comes back in the input's own layout.
+    with jax.set_mesh(mesh):
+      mlp = tp_nnx.ParallelMLP(D_IN, D_OUT, rngs=nnx.Rngs(0), implementation="ffi")
+      xs = jax.device_put(x, NamedSharding(mesh, P()))
+      loss = lambda m, x: jnp.sum(m(x) ** 2)
+      _, (gm, gx) = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1)))(mlp, xs)
+    k1, b1 = params_np(mlp.up)
+    k2, b2 = params_np(mlp.down)
+    dense_loss = lambda x, k1, k2: jnp.sum((jax.nn.gelu(x @ k1 + b1) @ k2 + b2) ** 2)
+    want = jax.value_and_grad(dense_loss, argnums=(0, 1, 2))(np.asarray(x), k1, k2)[1]
+    self.assertEqual(gx.sharding.spec, P(None, None, None))
+    for got, w, what in ((gx, want[0], "dx"), (gm["up"]["kernel"][...], want[1], "dk_up"),
+                         (gm["down"]["kernel"][...], want[2], "dk_down")):
+      self.assert_close(got, w, what, tol=1e-4)
+
   def test_errors(self):
     col = self.make("column")
     with self.assertRaisesRegex(ValueError, "no mesh"):
