@@ -400,13 +400,14 @@ def _shard_mapped(p: Plan, o: _Options, mesh):
 # Separate factors for out's M, N (m n) and x's / w's (i j): Shardy must not propagate x's row
 # sharding to out's rows (RotatingA gathers it) nor w's columns to out's (RotatingB does); the
 # contraction k and the batch dims (...) are shared.  The backward's ops take a third operand,
-# `like` (unused by the math), whose sharding is the one wanted for the result (p q: its own
-# factors, so that it is never resharded).
+# `like` (the primal; unused by the math), whose sharding is the one wanted for the result: it
+# shares the result's factors (m n), so that Shardy gives each gradient its primal's layout
+# (with factors of its own, jit(grad) without out_shardings all-gathered dx and dw).
 SHARDING_RULES = {
     (False, False): "... i k, k j -> ... m n",
     (True, False): "... i k, ... k j -> ... m n",
-    (False, True): "... i k, k j, ... p q -> ... m n",
-    (True, True): "... i k, ... k j, ... p q -> ... m n",
+    (False, True): "... i k, k j, ... m n -> ... m n",
+    (True, True): "... i k, ... k j, ... m n -> ... m n",
 }
 
 _call_sites = itertools.count(1)  # distinct rendezvous keys per partitioned op (primitives.py)
@@ -539,7 +540,7 @@ def _auto_op(cfg: _AutoConfig):
 
   if cfg.fold_rank:
     batch = " ".join(f"b{i}" for i in range(cfg.fold_rank - 2))
-    rule = f"{batch} m k, {batch} m n, p q -> r s"
+    rule = f"{batch} m k, {batch} m n, r s -> r s"  # `like` (w) shares the result's r s
   else:
     rule = SHARDING_RULES[(cfg.w_batched, cfg.with_like)]
   op = custom_partitioning(math)
