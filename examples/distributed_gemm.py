@@ -82,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
       p.error(f"--{name} must be >= 1")
   if args.l < 1 or args.iterations < 1 or args.warmup_iterations < 0:
     p.error("--l and --iterations must be >= 1, --warmup-iterations >= 0")
+  if args.eps is not None and not args.eps >= 0:  # also nan
+    p.error(f"--eps must be a number >= 0 (0: the check must match exactly), got {args.eps}")
   args.parser = p
   return args
 

@@ -45,6 +45,20 @@ def _positive_int(s: str) -> int:
   return v
 
 
+def _non_negative_int(s: str) -> int:
+  v = int(s)
+  if v < 0:
+    raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {s}")
+  return v
+
+
+def _positive_float(s: str) -> float:
+  v = float(s)
+  if not 0 < v < float("inf"):  # also rejects nan
+    raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
+  return v
+
+
 def _non_negative_float(s: str) -> float:
   v = float(s)
   if not v >= 0:  # also rejects nan
@@ -81,23 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--iterations", type=_positive_int, default=None,
                  help="back-to-back calls per repeat (default: enough for --target-repeat-ms, "
                  "10 to 500)")
-  g.add_argument("--warmup-iterations", type=int, default=5,
+  g.add_argument("--warmup-iterations", type=_non_negative_int, default=5,
                  help="calls before timing, after compilation (default 5)")
   g.add_argument("--repeats", type=_positive_int, default=7,
                  help="repeats; the median is reported (default 7)")
-  g.add_argument("--target-repeat-ms", type=float, default=30.0,
+  g.add_argument("--target-repeat-ms", type=_positive_float, default=30.0,
                  help="with no --iterations: calls per repeat ~ this / time per call")
   g.add_argument("--heat-ms", type=_non_negative_float, default=30.0,
                  help="untimed calls of the same row (~ this many ms, at least one) before "
                  "each timed repeat, so that a repeat sees the row's own sustained clocks, not "
                  "the previous row's; 0: none (default 30)")
-  g.add_argument("--eps", type=float, default=None,
+  g.add_argument("--eps", type=_non_negative_float, default=None,
                  help="max relative Frobenius error of ffi/auto/xla vs reference (default "
                  "1e-2 for bf16, 2e-3 for fp16, 1e-3 for fp32)")
-  g.add_argument("--l2-mb", type=float, default=60.0,
+  g.add_argument("--l2-mb", type=_non_negative_float, default=60.0,
                  help="L2 size in MiB; input sets rotate so their total exceeds twice it "
                  "(default 60, H200)")
-  g.add_argument("--rotation-budget-gb", type=float, default=8.0,
+  g.add_argument("--rotation-budget-gb", type=_positive_float, default=8.0,
                  help="max GiB per device for one implementation's rotating input sets")
   g.add_argument("--max-sets", type=_positive_int, default=32,
                  help="max rotating input sets (default 32)")
@@ -105,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="calls chained in one dispatched program (each after the previous "
                  "one's output): below ~0.1 ms a call, one dispatch per call times the host, "
                  "not the GPU (default 16 with --suite small, else 1)")
-  g.add_argument("--max-in-flight", type=int, default=None,
+  g.add_argument("--max-in-flight", type=_non_negative_int, default=None,
                  help="block_until_ready after this many calls within a repeat (0: only at "
                  "the end; default 0 on GPU, 1 on CPU, where XLA:CPU deadlocks otherwise)")
   g.add_argument("--seed", type=int, default=0, help="PRNG seed of the inputs")
@@ -147,6 +161,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.error(f"--impls: unknown {unknown}; choose from {list(bl.ROWS)}")
   if args.no_windowed_einsum and "windowed_einsum" in wanted:
     wanted.remove("windowed_einsum")
+  if not wanted:
+    p.error(f"--impls: no rows left to measure; choose from {list(bl.ROWS)}")
   args.want = frozenset(wanted)
   if args.schedule != "all":
     try:
@@ -181,7 +197,7 @@ def resolve_cases(args: argparse.Namespace, platform: str) -> list[bl.Case]:
 
 def options(args: argparse.Namespace) -> bl.Options:
   return bl.Options(
-      iterations=args.iterations, warmup=max(0, args.warmup_iterations), repeats=args.repeats,
+      iterations=args.iterations, warmup=args.warmup_iterations, repeats=args.repeats,
       target_repeat_ms=args.target_repeat_ms, heat_ms=args.heat_ms, eps=args.eps,
       l2_bytes=int(args.l2_mb * 2**20),
       rotation_budget_bytes=int(args.rotation_budget_gb * 2**30), max_sets=args.max_sets,

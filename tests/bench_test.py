@@ -11,6 +11,8 @@ the structure is checked.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -276,6 +278,26 @@ class BenchCliTest(absltest.TestCase):
     self.assertEqual(proc.returncode, 2)
     self.assertIn("--heat-ms", proc.stderr)
     self.assertIn("must be a number >= 0", proc.stderr)
+
+
+  def test_bad_numbers_and_empty_rows_are_rejected(self):
+    from jax_distgemm import bench  # noqa: PLC0415
+    bad = {"--eps": ("-1", "nan"), "--target-repeat-ms": ("0", "inf"),
+           "--rotation-budget-gb": ("-2",), "--l2-mb": ("-1",),
+           "--warmup-iterations": ("-1",), "--max-in-flight": ("-3",),
+           "--impls": ("", " , ")}
+    for flag, values in bad.items():
+      for v in values:
+        with self.subTest(flag=flag, value=v):
+          err = io.StringIO()
+          with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err):
+            bench.parse_args([f"{flag}={v}"])
+          self.assertEqual(cm.exception.code, 2)
+          self.assertIn(flag, err.getvalue())
+    with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+      bench.parse_args(["--impls", "windowed_einsum", "--no-windowed-einsum"])
+    args = bench.parse_args(["--eps", "0", "--warmup-iterations", "0", "--l2-mb", "0"])
+    self.assertEqual((args.eps, args.warmup_iterations, args.l2_mb), (0.0, 0, 0.0))
 
 
 class BenchLibTest(absltest.TestCase):

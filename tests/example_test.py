@@ -71,6 +71,11 @@ class ExampleTest(parameterized.TestCase):
     self.assertIn("Disposition: Failed", proc.stdout)
     self.assertNotIn("Disposition: Passed", proc.stdout)
 
+  def test_negative_eps_is_a_usage_error(self):
+    proc = run_example(["--tp=2", "--eps=-1", *SMALL])
+    self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+    self.assertIn("--eps must be a number >= 0", proc.stderr)
+
   def test_indivisible_shape_is_a_usage_error(self):
     proc = run_example(["--tp=4", "--m=66", "--n=96", "--k=32"])
     self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
