@@ -213,8 +213,12 @@ class ExplicitPathTest(parameterized.TestCase):
   def test_mesh_errors(self):
     mesh = test_util.mesh_1d(8)
     x, w, _ = test_util.random_inputs(0, (M, K), (K, N), jnp.float32)
-    with self.assertRaisesRegex(ValueError, "mesh: not given"):
+    with self.assertRaisesRegex(ValueError, "mesh: not given .*operands are not sharded"):
       jax_distgemm.collective_matmul(np.asarray(x), np.asarray(w))
+    with self.assertRaisesRegex(ValueError, r"mesh: not given .*in_specs= names mesh axes but "
+                                "not the mesh.*pass mesh="):
+      jax_distgemm.collective_matmul(np.asarray(x), np.asarray(w),
+                                     in_specs=(P("tp", None), P(None, "tp")))
     _, (xd, wd) = put(mesh, P("tp", None), P(None, "tp"), x_shape=(M, K))
     with self.assertRaisesRegex(ValueError, "'model' is not an axis"):
       jax_distgemm.collective_matmul(xd, wd, axis="model")

@@ -160,6 +160,23 @@ class ValidationTest(absltest.TestCase):
     with self.assertRaisesMsg(ValueError, "axis_name: 'tp' is not bound"):
       jd.all_gather_matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), axis_name="tp")
 
+  def test_ffi_under_a_vmap_bound_axis(self):
+    # jax.vmap(axis_name=...) binds the name but no mesh: 'ffi' says so at trace time (it
+    # failed with "Evaluation rule for 'jax_distgemm' not implemented", or, under None in
+    # jit, with an unbound-axis NameError at lowering); None runs the XLA ring, exactly.
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 4)), jnp.float32)
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((2, 4, 6)), jnp.float32)
+    f = lambda impl: jax.vmap(lambda a, b: jd.all_gather_matmul(
+        a, b, axis_name="tp", implementation=impl), axis_name="tp")
+    for wrap in (lambda g: g, jax.jit):
+      with self.assertRaisesMsg(ValueError, "implementation='ffi': axis_name 'tp' is bound by "
+                                "jax.vmap, not by jax.shard_map"):
+        wrap(f("ffi"))(x, w)
+      got = wrap(f(None))(x, w)
+      np.testing.assert_array_equal(got, wrap(f("xla"))(x, w))
+      want = np.concatenate(list(np.asarray(x)), 0) @ np.asarray(w[1])
+      np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-5)
+
   def test_axis_name_wrong_type(self):
     with self.assertRaisesMsg(TypeError, "axis_name: expected a mesh axis name or a tuple of "
                               "them, got 3"):

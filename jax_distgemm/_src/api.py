@@ -229,6 +229,14 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   if implementation is not None and implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation: expected one of {IMPLEMENTATIONS} or None, got {implementation!r}")
+  if vmapped := validation.vmap_bound_axes(axis_name, x, w, c):
+    if implementation == "ffi":
+      raise ValueError(
+          f"implementation='ffi': axis_name {vmapped[0]!r} is bound by jax.vmap, not by "
+          "jax.shard_map; the fused call runs between the devices of a mesh (use "
+          "implementation='xla', or None, which runs the XLA ring under vmap)")
+    if implementation is None:  # the ring's collectives have vmap rules; the custom call not
+      implementation = "xla"
   params = autodiff.Params(schedule=schedule, axis_name=axis_name, tp=tp, alpha=float(alpha),
                            beta=float(beta), out_dtype=out_dtype, implementation=implementation,
                            timeout_ms=int(timeout_ms), with_operand=return_gathered)

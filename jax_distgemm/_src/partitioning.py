@@ -372,8 +372,11 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   (x_spec, x_mesh), (w_spec, w_mesh) = known
   mesh = mesh or x_mesh or w_mesh or out_mesh or _context_mesh()
   if mesh is None:
-    raise ValueError("mesh: not given and none could be found (operands are not sharded "
-                     "with a NamedSharding and no mesh is set with jax.set_mesh)")
+    why = ("in_specs= names mesh axes but not the mesh" if in_specs is not None else
+           "the operands are not sharded with a NamedSharding")
+    raise ValueError(f"mesh: not given and none could be found ({why}, out_sharding has no "
+                     "mesh and none is set with jax.set_mesh); pass mesh= or call under "
+                     "jax.set_mesh(mesh)")
   if axis not in mesh.axis_names:
     raise ValueError(f"axis: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
   _check_out_mesh(out_mesh, mesh)

@@ -39,6 +39,28 @@ def axis_size(axis_name: tuple[str, ...]) -> int:
         "call this inside jax.shard_map over a mesh that has that axis") from None
 
 
+def vmap_bound_axes(axis_name: tuple[str, ...], *operands) -> tuple[str, ...]:
+  """The names of axis_name that a jax.vmap(axis_name=...) around the call binds, not a
+  shard_map's mesh (the FFI call runs between the devices of a mesh; under vmap the "group"
+  is a batch dim of one array).
+
+  NOTE: read off the operands' batching traces (jax's BatchTracer keeps its vmap's name in
+  `_trace.axis_data.name`; private, hence getattr); a mesh axis that is Manual in the
+  current abstract mesh is the shard_map's even when a vmap reuses the name.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  manual = {a for a, t in zip(mesh.axis_names, mesh.axis_types)
+            if t == jax.sharding.AxisType.Manual}
+  names = set()
+  for a in operands:
+    while isinstance(a, jax.core.Tracer) and hasattr(a, "batch_dim"):  # nested vmaps
+      name = getattr(getattr(getattr(a, "_trace", None), "axis_data", None), "name", None)
+      if name is not None:
+        names.add(name)
+      a = getattr(a, "val", None)
+  return tuple(n for n in axis_name if n in names and n not in manual)
+
+
 def _dtype_name(d) -> str:
   return jnp.dtype(d).name
 
