@@ -6,6 +6,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 R=$PWD
+# NOTE: the git line names the device copy's own .git, which may be stale (performance.md AB).
 (date -u; nvidia-smi -L; git -C "$R" log --oneline -1 2>/dev/null || true) > $OUT/env.txt
 SITE=/tmp/jdg_site; rm -rf $SITE; mkdir -p $SITE
 cp -r jax_distgemm $SITE/ && cp .carry/modules/_distgemm_*.so $SITE/jax_distgemm/ffi/
