@@ -374,6 +374,25 @@ class GradientTest(parameterized.TestCase):
                       c["reduce-scatter"]), (2, 1, 1, 0), c)
 
   @parameterized.parameters(*Schedule)
+  def test_eager_grads_take_the_shard_map_path(self, schedule):
+    # jax.grad without jit: the autodiff tracers' primals are concrete arrays whose shardings
+    # pick the plan, so the gradients come from the shard_map VJP, in their primals' layouts
+    # (through the partitioner op by op, dw came back replicated).
+    mesh = mesh_2x4()
+    x_spec, w_spec, out_spec = layout(schedule, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    got = jax.grad(self.loss(mesh, out_spec, implementation="ffi"), (0, 1))(xd, wd)
+    for a, primal, want in zip(got, (xd, wd), self.reference_grads(x, w)):
+      self.assertLess(test_util.rel_err(a, np.asarray(want)), 1e-5)
+      self.assertTrue(a.sharding.is_equivalent_to(primal.sharding, a.ndim),
+                      (a.sharding, primal.sharding))
+    hvp = jax.grad(lambda a, b: jnp.sum(jax.grad(self.loss(mesh, out_spec, implementation="ffi"),
+                                                 0)(a, b) ** 2), 1)
+    ref = jax.grad(lambda a, b: jnp.sum(jax.grad(lambda u, v: jnp.sum(jnp.sin(u @ v) * jnp.cos(
+        jnp.arange(B * M * N).reshape(B, M, N))), 0)(a, b) ** 2), 1)
+    self.assertLess(test_util.rel_err(hvp(xd, wd), np.asarray(ref(x, w))), 1e-5)
+
+  @parameterized.parameters(*Schedule)
   def test_grad_of_grad_auto(self, schedule):
     mesh = mesh_2x4()
     x_spec, w_spec, out_spec = layout(schedule, data=True)

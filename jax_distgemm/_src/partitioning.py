@@ -255,6 +255,11 @@ def _is_explicit(a, axis: str) -> bool:
 
 def _known_spec(a, axis):
   """(spec, mesh) of `a` if its sharding is known at trace time, else None."""
+  # NOTE: an eager jax.grad / jvp wraps concrete arrays in autodiff tracers; their primal's
+  # sharding is known (duck-typed on `primal`, which jax's JVP and Linearize tracers keep), so
+  # that case takes the shard_map path like the eager call without autodiff.
+  while isinstance(a, core.Tracer) and hasattr(a, "primal"):
+    a = a.primal
   if not isinstance(a, core.Tracer):
     s = getattr(a, "sharding", None)
     if isinstance(s, NamedSharding):
