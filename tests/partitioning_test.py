@@ -12,6 +12,7 @@ from __future__ import annotations
 import test_util  # noqa: I001  (first: configures JAX before it initializes)
 
 import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_distgemm
 from jax_distgemm import Schedule
+from jax_distgemm._src import config
 from jax_distgemm._src import partitioning
 
 AG_A, AG_B, RS_A, RS_B = tuple(Schedule)
@@ -281,6 +283,24 @@ class AutoPartitioningTest(parameterized.TestCase):
       out = jf(xd, wd)
       self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
       self.assertEqual(partitioning._trim(out.sharding.spec), partitioning._trim(out_spec))
+
+  @parameterized.parameters(None, "ffi")
+  def test_under_set_mesh(self, implementation):
+    # With jax.set_mesh(Auto mesh) the partition body saw that mesh's Auto axes as "left to the
+    # partitioner": None lowered the ring and both warned that every replica computes the
+    # whole call.  The body is per shard: the fused op, no warning.
+    mesh = mesh_2x4()
+    x_spec, w_spec, out_spec = layout(Schedule.AllGather1D_TilingCD_RotatingA, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    f = lambda a, b: jax_distgemm.collective_matmul(a, b, out_sharding=out_spec,
+                                                    implementation=implementation)
+    with jax.set_mesh(mesh), mock.patch.object(config, "warn_once") as warn:
+      c = counts(f, xd, wd)
+      out = jax.jit(f)(xd, wd)
+    self.assertEqual((c["jax_distgemm"], c["collective-permute"]), (1, 0), c)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+    self.assertFalse([a for a in warn.call_args_list if "partitioner" in str(a)],
+                     warn.call_args_list)
 
   def test_out_sharding_argument(self):
     mesh = test_util.mesh_1d(8)

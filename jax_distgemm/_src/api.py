@@ -137,7 +137,11 @@ _IMPLS: dict[str, Callable] = {"ffi": _ffi, "xla": _xla, "reference": _reference
 def unpartitioned_axes() -> tuple[str, ...]:
   """Mesh axes of size > 1 that the enclosing shard_map leaves to the partitioner (a partial
   shard_map, axis_names=...).  NOTE: the custom call has no sharding rule for them, so XLA
-  gathers its operands along them and every replica computes the whole call."""
+  gathers its operands along them and every replica computes the whole call.  A
+  custom_partitioning body (collective_matmul under jit with Auto axes) is per shard already:
+  there the abstract mesh is jax.set_mesh's, whose Auto axes no partitioner will split."""
+  if primitives.in_partition_body():
+    return ()
   mesh = jax.sharding.get_abstract_mesh()
   return tuple(a for a, n, t in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types)
                if n > 1 and t != jax.sharding.AxisType.Manual)

@@ -64,6 +64,12 @@ def call_site(site: int):
     _call_site.reset(token)
 
 
+def in_partition_body() -> bool:
+  """True while partitioning.py traces a custom_partitioning body: already per shard, whatever
+  the context mesh (jax.set_mesh's, with Auto axes) says."""
+  return _call_site.get() != 0
+
+
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
          beta: float, out_dtype, timeout_ms: int, fallback: bool = False,
          gathered: bool = False):
