@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_distgemm._src import api, partitioning
@@ -62,16 +61,6 @@ def _sharded_linear(mesh, op, schedule: Schedule, axis: str, x_spec: P, w_spec: 
 
   specs = (x_spec, w_spec, b_spec)
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec))
-
-
-def _has_explicit_axes(mesh) -> bool:
-  return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
-
-
-def _reshard(a, spec: P, mesh):
-  """`a` laid out as `spec` over `mesh` (an AbstractMesh, under jit: the context's)."""
-  target = NamedSharding(mesh, spec) if isinstance(mesh, jax.sharding.Mesh) else spec
-  return jax.sharding.reshard(a, target)
 
 
 class _ParallelLinear(nnx.Module):
@@ -147,12 +136,13 @@ class _ParallelLinear(nnx.Module):
     b_spec = P(*self.bias_sharding(self.axis)) if bias is not None else None
     f = _sharded_linear(mesh, _per_shard_op(self.implementation), self.schedule, self.axis,
                         x_spec, w_spec, b_spec, p.out_spec, jnp.dtype(x.dtype))
-    if _has_explicit_axes(mesh):
+    if partitioning.has_explicit_axes(mesh):
       # NOTE: shard_map refuses an input whose Explicit sharding differs from in_specs (under
       # Auto axes XLA reshards it), so the layer lays out its operands itself, as a matmul
       # would; a no-op when they already have the layout.
-      x, kernel = _reshard(x, x_spec, mesh), _reshard(kernel, w_spec, mesh)
-      bias = None if bias is None else _reshard(bias, b_spec, mesh)
+      x, kernel = (partitioning.reshard(x, x_spec, mesh),
+                   partitioning.reshard(kernel, w_spec, mesh))
+      bias = None if bias is None else partitioning.reshard(bias, b_spec, mesh)
     return f(x, kernel, bias)
 
 

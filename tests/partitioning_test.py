@@ -256,6 +256,24 @@ class ExplicitPathTest(parameterized.TestCase):
       self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
 
 
+  def test_explicit_mesh_without_set_mesh(self):
+    # The mesh comes from the operands: fallback="dot" resharded with bare PartitionSpecs
+    # (JAX: "Using PartitionSpec when you are not under a mesh context is not allowed"), and
+    # in_specs= were not applied (shard_map: "in_specs ... does not match").
+    mesh = mesh_2x4(axis_types=(AxisType.Explicit,) * 2)
+    (x, w), (xd, wd) = put(mesh, P("data", "tp", None), P("tp", None))  # no schedule fits
+    (_, _), (xr, wr) = put(mesh, P(), P())  # replicated: not the in_specs below
+    ref = test_util.reference_np(x, w)
+    for wrap in (lambda f: f, jax.jit):
+      with self.subTest(jit=wrap is jax.jit):
+        out = wrap(lambda a, b: jax_distgemm.collective_matmul(a, b, fallback="dot"))(xd, wd)
+        self.assertLess(test_util.rel_err(out, ref), 1e-5)
+        out = wrap(lambda a, b: jax_distgemm.collective_matmul(
+            a, b, mesh=mesh, in_specs=(P("data", "tp", None), P(None, "tp"))))(xr, wr)
+        self.assertLess(test_util.rel_err(out, ref), 1e-5)
+        self.assertEqual(partitioning._trim(out.sharding.spec), P("data", None, "tp"))
+
+
 class AutoPartitioningTest(parameterized.TestCase):
   """Inside jax.jit with Auto axes: custom_partitioning + Shardy sharding_rule."""
 

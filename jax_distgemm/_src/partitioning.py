@@ -235,13 +235,23 @@ def _plain_dot(x, w, o: _Options, out_sharding):
   return out if out_sharding is None else jax.lax.with_sharding_constraint(out, out_sharding)
 
 
+def reshard(a, spec: P, mesh):
+  """`a` laid out as `spec` over `mesh` (Explicit axes).  NOTE: a NamedSharding, not the bare
+  spec, so that no jax.set_mesh is needed (JAX refuses a PartitionSpec outside one)."""
+  return jax.sharding.reshard(a, NamedSharding(mesh, spec))
+
+
+def has_explicit_axes(mesh) -> bool:
+  return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+
+
 def _explicit_dot(x, w, o: _Options, out_spec, mesh):
   """fallback="dot" (Explicit axes): reshard to the dot plan, local dot + psum, then out."""
   d = _dot_plan(jax.typeof(x).sharding.spec, jax.typeof(w).sharding.spec, x.ndim, w.ndim)
-  x, w = jax.sharding.reshard(x, d.x_spec), jax.sharding.reshard(w, d.w_spec)
+  x, w = reshard(x, d.x_spec, mesh), reshard(w, d.w_spec, mesh)
   out = jax.shard_map(_dot_body(d, o), mesh=mesh, in_specs=(d.x_spec, d.w_spec),
                       out_specs=d.out_spec)(x, w)
-  return out if out_spec is None else jax.sharding.reshard(out, out_spec)
+  return out if out_spec is None else reshard(out, out_spec, mesh)
 
 
 def _is_explicit(a, axis: str) -> bool:
@@ -392,6 +402,10 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
                        "use the plain XLA dot instead)")
     return _explicit_dot(x, w, o, out_spec, mesh) if _is_explicit(x, axis) else _plain_dot(
         x, w, o, None if out_spec is None else NamedSharding(mesh, out_spec))
+  if has_explicit_axes(mesh):
+    # shard_map refuses Explicit operands laid out otherwise than its in_specs (in_specs=
+    # given, or a plan that moves an axis); a no-op when they match.
+    x, w = reshard(x, p.x_spec, mesh), reshard(w, p.w_spec, mesh)
   return _shard_mapped(p, o, mesh)(x, w)
 
 
