@@ -25,6 +25,15 @@ const char* ScheduleName(ScheduleKind s) {
   return "?";
 }
 
+std::string CallSignature(const Problem& p) {
+  std::ostringstream s;
+  s << ScheduleName(p.schedule) << " TP=" << p.tp << " " << ElemName(p.in_type) << "->"
+    << ElemName(p.out_type) << " x[" << p.batch << "," << p.xm << "," << p.xk << "] w["
+    << (p.w_batched ? std::to_string(p.batch) + "," : std::string()) << p.wk << "," << p.wn
+    << "] c=" << (p.has_c ? "yes" : "no") << " alpha=" << p.alpha << " beta=" << p.beta;
+  return s.str();
+}
+
 namespace {
 
 std::string Dims(const int64_t* d, int r) {

@@ -65,6 +65,10 @@ struct Problem {
   double Flops() const { return 2.0 * tp * batch * sm() * sn() * sk(); }
 };
 
+// What peers of a cross-process meeting must agree on, as text for the error that names a
+// disagreement: schedule, TP, dtypes, local extents, c, alpha and beta.
+std::string CallSignature(const Problem& p);
+
 // Whether ReduceScatter by gathering operands (ReduceScatter1D_TilingA_Gather) can run `p`:
 // TilingA, TP > 1, one batch and an unbatched w (the x rows a peer needs and w are then each
 // one contiguous block).

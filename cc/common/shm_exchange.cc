@@ -30,11 +30,12 @@ namespace jax_distgemm {
 namespace {
 
 constexpr uint64_t kMagic = 0x316d68736d67646aULL;  // "jdgmshm1", little-endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the call signature
 constexpr size_t kHeaderBytes = 4096;               // data starts here (page aligned)
 constexpr size_t kDataGranule = size_t{64} << 10;   // data capacity grows in 64 KiB steps
 constexpr int64_t kPhaseStride = int64_t{1} << 16;  // > any phase (TP <= 1024)
 constexpr size_t kMessageBytes = 2048;
+constexpr size_t kSignatureBytes = 1024;
 constexpr auto kWaitSlice = std::chrono::milliseconds(20);  // futex waits re-check this often
 
 // The header of a rank's segment.  Zero (a fresh ftruncate) reads as "not arrived, left
@@ -55,6 +56,8 @@ struct Header {
   int64_t poisoned;   // epoch this rank gave up on (timed out), 0: none
   int64_t data_bytes; // capacity of the data area
   char message[kMessageBytes];  // why it gave up (valid when `poisoned` is the epoch asked)
+  int64_t signature_epoch;      // the epoch whose call `signature` describes
+  char signature[kSignatureBytes];  // what this rank runs in that epoch ("" : not compared)
 };
 static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its page");
 
@@ -362,8 +365,10 @@ std::string ShmExchange::CrossProcessNote(const std::vector<int>& missing) const
 
 std::string ShmExchange::Join(const std::vector<int64_t>& group, int64_t call_id,
                               int64_t occurrence, int rank, std::chrono::milliseconds timeout,
-                              std::unique_ptr<ShmExchange>* out, bool* timed_out) {
+                              std::unique_ptr<ShmExchange>* out, bool* timed_out,
+                              const std::string& signature) {
   *timed_out = false;
+  if (signature.size() >= kSignatureBytes) return "call signature too long: " + signature;
   const std::string token = ShmJobToken();
   if (token.empty()) return "no job token: call jax_distgemm.initialize_multiprocess()";
   const int tp = static_cast<int>(group.size());
@@ -408,6 +413,12 @@ std::string ShmExchange::Join(const std::vector<int64_t>& group, int64_t call_id
     // ~ShmExchange marks this meeting left, so the channel's next meeting can start.
     return msg;
   }
+  // NOTE: written after the gate (no peer still reads epoch - 1's) and before this rank reaches
+  // any barrier of this epoch; peers read it only once every rank reached the first one.
+  ex->signature_ = signature;
+  std::memset(own->signature, 0, kSignatureBytes);
+  std::memcpy(own->signature, signature.data(), signature.size());
+  Store(&own->signature_epoch, ex->epoch_);
   *out = std::move(ex);
   return "";
 }
@@ -469,7 +480,10 @@ std::string ShmExchange::Barrier(int rank, int phase, const std::string& what,
     }
     return true;
   };
-  if (WaitFor(own, std::chrono::steady_clock::now() + timeout, done)) return poison;
+  if (WaitFor(own, std::chrono::steady_clock::now() + timeout, done)) {
+    if (poison.empty() && !compared_) CompareSignatures();
+    return poison;
+  }
   std::vector<int> missing;
   for (int q = 0; q < tp; ++q) {
     auto seg = Peer(q);
@@ -482,6 +496,30 @@ std::string ShmExchange::Barrier(int rank, int phase, const std::string& what,
   Store(&own->poisoned, epoch_);
   RingPeers();
   return msg;
+}
+
+void ShmExchange::CompareSignatures() {
+  compared_ = true;
+  if (signature_.empty()) return;
+  for (int q = 0; q < static_cast<int>(group_.size()); ++q) {
+    if (q == rank_) continue;
+    auto seg = Peer(q);
+    std::string theirs = "(no signature)";
+    if (seg && Load(&seg->header->signature_epoch) == epoch_) {
+      char buf[kSignatureBytes];
+      std::memcpy(buf, seg->header->signature, kSignatureBytes);
+      buf[kSignatureBytes - 1] = '\0';
+      theirs = buf;
+    }
+    if (theirs == signature_) continue;
+    std::ostringstream m;
+    m << "the ranks of this call run different calls: rank " << q << " (device " << group_[q]
+      << ") runs " << theirs << ", this rank " << rank_ << " (device " << group_[rank_]
+      << ") runs " << signature_ << ". Every process must run the same programs in the same "
+      << "order, with the same JAX_DISTGEMM_* settings (TP group " << Ids(group_)
+      << " spans processes)";
+    throw CallMismatch(m.str());
+  }
 }
 
 int64_t NextChannelOccurrence(int64_t device, const std::vector<int64_t>& group,

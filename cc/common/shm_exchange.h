@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -42,14 +43,25 @@ std::string SetShmJobToken(const std::string& token);
 // The token, "" while none was set (the cross-process path then refuses to run).
 std::string ShmJobToken();
 
+// Peers of one meeting run different calls (a process out of step with the others: another
+// program, other shapes, other JAX_DISTGEMM_* settings); what() names both sides.
+class CallMismatch : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class ShmExchange final : public Exchange {
  public:
   // Joins meeting `occurrence` of the channel (group: the TP group's global device ids in rank
   // order, call_id) as `rank`, after the gate.  Returns "" and sets *out, or an error;
   // *timed_out tells a timeout at the gate from a failure to set up this rank's segment.
+  // `signature` (what this rank runs, < kSignatureBytes; "" for none) is published with the
+  // meeting and compared with every peer's when the first barrier completes: a difference
+  // throws CallMismatch there, on every rank, before any peer's data is read.
   static std::string Join(const std::vector<int64_t>& group, int64_t call_id, int64_t occurrence,
                           int rank, std::chrono::milliseconds timeout,
-                          std::unique_ptr<ShmExchange>* out, bool* timed_out);
+                          std::unique_ptr<ShmExchange>* out, bool* timed_out,
+                          const std::string& signature = "");
   // Marks meeting `occurrence` as left by `rank` without taking part in it (fault injection:
   // the device runs the call but never meets its peers).
   static std::string Skip(const std::vector<int64_t>& group, int64_t call_id, int64_t occurrence,
@@ -71,12 +83,15 @@ class ShmExchange final : public Exchange {
   std::shared_ptr<Segment> Peer(int rank);  // nullptr while rank's segment does not exist
   void RingPeers();
   std::string CrossProcessNote(const std::vector<int>& missing) const;
+  void CompareSignatures();  // throws CallMismatch
 
   std::vector<int64_t> group_;
   std::vector<std::string> names_;
   std::vector<std::shared_ptr<Segment>> segs_;  // segs_[rank_] is ours
   int rank_ = 0;
   int64_t epoch_ = 0;
+  std::string signature_;  // "" : not compared
+  bool compared_ = false;  // signatures compared (at the first completed barrier)
 };
 
 // The next occurrence (0, 1, ...) of the channel (group, call_id) on `device`.

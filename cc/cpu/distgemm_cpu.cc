@@ -262,6 +262,16 @@ struct CpuCall {
     });
   }
 
+  // What every rank of a cross-process meeting must agree on (ShmExchange compares it).
+  std::string Signature() const {
+    std::string s = CallSignature(p) + (gathered != nullptr ? " gathered=yes" : " gathered=no");
+    if (p.schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC ||
+        p.schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC) {
+      s += RsGatherRequested(p) ? " rs_path=gather" : " rs_path=ring";
+    }
+    return s;
+  }
+
   // The prefix of every error this call reports.
   std::string Where() const { return "CPU executor, device " + std::to_string(device_id) + ": "; }
 
@@ -276,10 +286,13 @@ struct CpuCall {
       } else {
         std::unique_ptr<ShmExchange> ex;
         bool timed_out = false;
-        err = ShmExchange::Join(members, call_id, occurrence, rank, timeout, &ex, &timed_out);
+        err = ShmExchange::Join(members, call_id, occurrence, rank, timeout, &ex, &timed_out,
+                                Signature());
         if (!err.empty() && !timed_out) return Internal(where + err);
         if (err.empty()) err = RunSchedule(*ex);
       }
+    } catch (const CallMismatch& e) {
+      return InvalidArgument(where + e.what());
     } catch (const std::bad_alloc&) {
       return Internal(where + "out of host memory for the shards peers read");
     } catch (const std::exception& e) {
