@@ -327,6 +327,28 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)
 
+  @parameterized.product(schedule=SCHEDULES, in_axes=((0, 0), (None, 0), (0, None)))
+  def test_vmap_of_batched_x_and_2d_w(self, schedule, in_axes):
+    # Per shard x [B, m, K] and a 2-D w, vmapped around the jitted shard_map: a mapped w
+    # [v, K, N] beside x [v, B, m, K] was broadcast right-aligned, pairing v with B (a
+    # broadcasting error in the FFI path's batching rule).
+    tp, vb, b = 2, 3, 2
+    mesh = test_util.mesh_1d(tp)
+    x_spec, w_spec, out_spec = test_util.specs(schedule, 1)
+    fn = jax.jit(jax.shard_map(
+        lambda x, w: call_public_api(schedule, x, w, None, axis_name="tp",
+                                     implementation=self.IMPLEMENTATION),
+        mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec))
+    x, _, _ = test_util.random_inputs(self.seed(0), (vb, b, M, K), (K, N), jnp.float32)
+    w, _, _ = test_util.random_inputs(self.seed(1), (vb, K, N), (K, N), jnp.float32)
+    xs, ws = (x if in_axes[0] == 0 else x[0]), (w if in_axes[1] == 0 else w[0])
+    out = jax.vmap(fn, in_axes=in_axes)(xs, ws)
+    self.assertEqual(out.shape, (vb, b, M, N))
+    for v in range(vb):
+      want = test_util.reference_np(x[v if in_axes[0] == 0 else 0],
+                                    w[v if in_axes[1] == 0 else 0])
+      self.assertLessEqual(test_util.rel_err(out[v], want), 1e-5, f"vmapped row {v}")
+
   @parameterized.product(schedule=SCHEDULES)
   def test_vmap_inside_shard_map(self, schedule):
     # A vmapped x gains a leading batch dim inside the per-device program.

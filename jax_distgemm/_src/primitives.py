@@ -246,8 +246,12 @@ def _batch_rule(axis_data, args, dims, **params):
 
   x = lead(x, bx)
   if bw is not None or w.ndim > 2:
-    # A batched w must carry exactly the batch dims of x.
-    w = jnp.broadcast_to(lead(w, bw), x.shape[:-2] + w.shape[-2:])
+    # A batched w must carry exactly the batch dims of x.  NOTE: a mapped 2-D w ([v, K, N])
+    # beside an x with batch dims of its own ([v, B.., M, K]) gets B.. as ones first: right-
+    # aligned broadcasting would pair v with B.
+    w = lead(w, bw)
+    w = w.reshape(w.shape[:1] + (1,) * (x.ndim - w.ndim) + w.shape[1:])
+    w = jnp.broadcast_to(w, x.shape[:-2] + w.shape[-2:])
   c = [lead(a, d) for a, d in zip(c, bc)]
   # The gathered operand of RotatingB is w's: unbatched if w still is (x alone was mapped).
   dims_out = [0] * n_out
