@@ -177,6 +177,21 @@ class ValidationTest(absltest.TestCase):
       want = np.concatenate(list(np.asarray(x)), 0) @ np.asarray(w[1])
       np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-5)
 
+  def test_collective_matmul_inside_a_manual_shard_map(self):
+    # Auto axes under a shard_map manual over "data": the partitioner's callback met GSPMD
+    # shardings without a spec (AttributeError deep in XLA's compile); named at trace time.
+    mesh = jax.make_mesh((2, 4), ("data", "tp"), devices=tu.cpu_devices(8),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    x = jax.device_put(jnp.ones((2, 8, 16)), NamedSharding(mesh, P("data", "tp", None)))
+    w = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P(None, "tp")))
+    f = jax.jit(jax.shard_map(lambda a, b: jd.collective_matmul(a, b), mesh=mesh,
+                              in_specs=(P("data"), P()), out_specs=P("data"),
+                              axis_names={"data"}))
+    with self.assertRaisesMsg(ValueError, "jax_distgemm.collective_matmul: called inside "
+                              "jax.shard_map (manual over ('data',)) on operands whose sharding "
+                              "is not known at trace time"):
+      f(x, w)
+
   def test_axis_name_wrong_type(self):
     with self.assertRaisesMsg(TypeError, "axis_name: expected a mesh axis name or a tuple of "
                               "them, got 3"):

@@ -381,6 +381,18 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   else:
     known = _known_spec(x, axis), _known_spec(w, axis)
   if known[0] is None or known[1] is None:
+    manual = [a for a, t in zip(jax.sharding.get_abstract_mesh().axis_names,
+                                jax.sharding.get_abstract_mesh().axis_types)
+              if t == jax.sharding.AxisType.Manual]
+    if manual:
+      # NOTE: custom_partitioning inside a shard_map's manual region sees GSPMD shardings
+      # with no spec: its partition callback could not apply the table there.
+      raise ValueError(
+          f"jax_distgemm.collective_matmul: called inside jax.shard_map (manual over "
+          f"{tuple(manual)}) on operands whose sharding is not known at trace time (Auto "
+          f"axes); there use the per-shard ops (all_gather_matmul / matmul_reduce_scatter / "
+          f"distributed_matmul with axis_name={o.axis!r}), or call collective_matmul outside "
+          "the shard_map")
     _check_out_mesh(out_mesh, mesh)
     return _auto(x, w, out_spec, out_sharding, fallback, o, mesh or out_mesh)
 
