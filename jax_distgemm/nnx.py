@@ -136,7 +136,7 @@ class _ParallelLinear(nnx.Module):
     b_spec = P(*self.bias_sharding(self.axis)) if bias is not None else None
     f = _sharded_linear(mesh, _per_shard_op(self.implementation), self.schedule, self.axis,
                         x_spec, w_spec, b_spec, p.out_spec, jnp.dtype(x.dtype))
-    if partitioning.has_explicit_axes(mesh):
+    if partitioning.all_explicit(mesh):
       # NOTE: shard_map refuses an input whose Explicit sharding differs from in_specs (under
       # Auto axes XLA reshards it), so the layer lays out its operands itself, as a matmul
       # would; a no-op when they already have the layout.

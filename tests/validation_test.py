@@ -192,6 +192,20 @@ class ValidationTest(absltest.TestCase):
                               "is not known at trace time"):
       f(x, w)
 
+  def test_collective_matmul_on_a_mesh_mixing_explicit_and_auto_axes(self):
+    # Under jit a traced spec names only the Explicit axes: a valid out_sharding was refused
+    # by the table, or the ring failed inside the partitioner.  Named; eager still runs.
+    types = (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit)
+    mesh = jax.make_mesh((2, 4), ("data", "tp"), devices=tu.cpu_devices(8), axis_types=types)
+    x = jax.device_put(jnp.ones((2, 8, 16)), NamedSharding(mesh, P("data", "tp", None)))
+    w = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P(None, "tp")))
+    with jax.set_mesh(mesh):
+      with self.assertRaisesMsg(ValueError, "jax_distgemm.collective_matmul: under jax.jit the "
+                                "mesh mixes Explicit and Auto axes {'data': 'Auto', 'tp': "
+                                "'Explicit'}"):
+        jax.jit(lambda a, b: jd.collective_matmul(a, b))(x, w)
+      np.testing.assert_allclose(jd.collective_matmul(x, w), np.full((2, 8, 8), 16.0))
+
   def test_axis_name_wrong_type(self):
     with self.assertRaisesMsg(TypeError, "axis_name: expected a mesh axis name or a tuple of "
                               "them, got 3"):

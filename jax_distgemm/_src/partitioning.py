@@ -241,8 +241,10 @@ def reshard(a, spec: P, mesh):
   return jax.sharding.reshard(a, NamedSharding(mesh, spec))
 
 
-def has_explicit_axes(mesh) -> bool:
-  return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+def all_explicit(mesh) -> bool:
+  """Every axis of `mesh` Explicit (reshard refuses specs naming Auto or Manual axes)."""
+  types = getattr(mesh, "axis_types", ())
+  return bool(types) and all(t == jax.sharding.AxisType.Explicit for t in types)
 
 
 def _explicit_dot(x, w, o: _Options, out_spec, mesh):
@@ -371,6 +373,16 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
                implementation=implementation, timeout_ms=timeout_ms)
   out_spec, out_mesh = _out_spec_of(out_sharding)
 
+  for a in (x, w):
+    m = getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
+    types = set(getattr(m, "axis_types", ())) - {jax.sharding.AxisType.Manual}
+    if isinstance(a, core.Tracer) and len(types) > 1 and in_specs is None:
+      # NOTE: a traced spec names only its Explicit axes; the Auto ones' sharding is known to
+      # the partitioner alone, so neither mechanism sees the whole layout.
+      raise ValueError(
+          f"jax_distgemm.collective_matmul: under jax.jit the mesh mixes Explicit and Auto "
+          f"axes {dict(zip(m.axis_names, (t.name for t in m.axis_types)))}; use a mesh whose "
+          "axes are all Explicit or all Auto, or pass in_specs=")
   if in_specs is not None:
     if (not isinstance(in_specs, (tuple, list)) or len(in_specs) != 2 or
         not all(isinstance(s, P) for s in in_specs)):
@@ -414,7 +426,7 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
                        "use the plain XLA dot instead)")
     return _explicit_dot(x, w, o, out_spec, mesh) if _is_explicit(x, axis) else _plain_dot(
         x, w, o, None if out_spec is None else NamedSharding(mesh, out_spec))
-  if has_explicit_axes(mesh):
+  if all_explicit(mesh):
     # shard_map refuses Explicit operands laid out otherwise than its in_specs (in_specs=
     # given, or a plan that moves an axis); a no-op when they match.
     x, w = reshard(x, p.x_spec, mesh), reshard(w, p.w_spec, mesh)
