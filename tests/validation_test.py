@@ -206,6 +206,23 @@ class ValidationTest(absltest.TestCase):
         jax.jit(lambda a, b: jd.collective_matmul(a, b))(x, w)
       np.testing.assert_allclose(jd.collective_matmul(x, w), np.full((2, 8, 8), 16.0))
 
+  def test_partial_shard_map_leaving_an_explicit_axis_that_shards_x(self):
+    # axis_names={"tp"} on an Explicit mesh, x sharded over "data": the ring failed in JAX
+    # ("dynamic_update_slice operand sharding must be equal to update sharding"), and every
+    # implementation's backward too.  Named for all of them, before anything is traced.
+    mesh = jax.make_mesh((2, 4), ("data", "tp"), devices=tu.cpu_devices(8),
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    x = jax.device_put(jnp.ones((2, 16, 8)), NamedSharding(mesh, P("data", "tp", None)))
+    w = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P(None, "tp")))
+    for impl in ("ffi", "xla", "reference", None):
+      f = jax.jit(jax.shard_map(
+          lambda a, b: jd.all_gather_matmul(a, b, axis_name="tp", implementation=impl),
+          mesh=mesh, in_specs=(P(None, "tp", None), P(None, "tp")),
+          out_specs=P(None, None, "tp"), axis_names={"tp"}))
+      with self.assertRaisesMsg(ValueError, "x, w: sharded over the Explicit mesh axes "
+                                "('data',), which the enclosing shard_map leaves free"):
+        f(x, w)
+
   def test_axis_name_wrong_type(self):
     with self.assertRaisesMsg(TypeError, "axis_name: expected a mesh axis name or a tuple of "
                               "them, got 3"):

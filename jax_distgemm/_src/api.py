@@ -233,6 +233,11 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   if implementation is not None and implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation: expected one of {IMPLEMENTATIONS} or None, got {implementation!r}")
+  if free := validation.explicit_free_axes(x, w, c):
+    raise ValueError(
+        f"x, w: sharded over the Explicit mesh axes {free}, which the enclosing shard_map "
+        "leaves free (axis_names=...); the ops run per shard of its manual axes: make the "
+        "shard_map manual over those axes too, or give them AxisType.Auto")
   if vmapped := validation.vmap_bound_axes(axis_name, x, w, c):
     if implementation == "ffi":
       raise ValueError(

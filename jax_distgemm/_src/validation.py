@@ -61,6 +61,25 @@ def vmap_bound_axes(axis_name: tuple[str, ...], *operands) -> tuple[str, ...]:
   return tuple(n for n in axis_name if n in names and n not in manual)
 
 
+def explicit_free_axes(*operands) -> tuple[str, ...]:
+  """Explicit mesh axes that shard an operand inside a shard_map that leaves them free (a
+  partial shard_map, axis_names=...).  The ops compute per manual shard; along such an axis
+  neither the ring's buffers nor the custom call's results carry the operands' sharding, which
+  JAX's sharding-in-types then refuses (forward or backward)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return ()
+  types = dict(zip(mesh.axis_names, mesh.axis_types))
+  found = []
+  for a in operands:
+    s = getattr(jax.typeof(a), "sharding", None) if a is not None else None
+    for entry in getattr(getattr(s, "spec", None), "__iter__", lambda: iter(()))():
+      for name in (entry if isinstance(entry, tuple) else (entry,)):
+        if types.get(name) == jax.sharding.AxisType.Explicit and name not in found:
+          found.append(name)
+  return tuple(found)
+
+
 def _dtype_name(d) -> str:
   return jnp.dtype(d).name
 
