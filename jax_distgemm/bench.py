@@ -140,12 +140,28 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--tuning-file", metavar="PATH",
                  help="GPU: load the stage-GEMM choices saved in PATH, if it exists, before "
                       "timing (those shapes skip tuning; every GPU runs the same variant), and "
-                      "save this run's choices to it at the end (jax_distgemm.save_tuning)")
+                      "save this run's choices to it at the end, merged: the file's choices "
+                      "this run did not settle (other GPU models', other shapes) are kept, and "
+                      "this run's win on the same key (GPU model, types, shape, tuning mode)")
   g.add_argument("--json", metavar="PATH", help="write all results as JSON")
   g.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
   g.add_argument("--list", action="store_true", help="print the cases and exit")
   p.add_argument(bl.CHILD_FLAG, dest="child_out", help=argparse.SUPPRESS)
   return p
+
+
+def _check_output_path(p: argparse.ArgumentParser, flag: str, path: str) -> None:
+  """Usage error unless `path` can be written (atomically: a temporary file beside it, then a
+  rename): its directory exists and is writable, and it is not a directory itself."""
+  if not path:
+    p.error(f"{flag}: empty path")
+  if os.path.isdir(path):
+    p.error(f"{flag}: {path} is a directory")
+  parent = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(parent):
+    p.error(f"{flag}: {path}: directory {parent} does not exist")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    p.error(f"{flag}: {path}: directory {parent} is not writable")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -171,6 +187,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
       p.error(str(e))
   else:
     args.schedules = list(bl.Schedule)
+  if args.suite and args.schedule_given:  # the suite's schedules do not depend on the platform
+    have = [s for s in bl.Schedule if any(c[0] == s for c in bl.suite(args.suite, "gpu"))]
+    if not set(have) & set(args.schedules):
+      p.error(f"--schedule {args.schedule}: no case of --suite {args.suite} has it, so there "
+              f"is nothing to run (its schedules: {', '.join(bl.SHORT_NAMES[s] for s in have)})")
+  if not args.child_out:  # before anything is measured, not when the results are written
+    for flag, path in (("--json", args.json), ("--plot", args.plot),
+                       ("--tuning-file", args.tuning_file)):
+      if path is not None:
+        _check_output_path(p, flag, path)
   if args.plot and not args.child_out:
     try:
       import matplotlib  # noqa: F401
@@ -189,6 +215,8 @@ def resolve_cases(args: argparse.Namespace, platform: str) -> list[bl.Case]:
     dm, dk, dn = bl.CPU_DEFAULT_SHAPE if platform == "cpu" else bl.SEED_SHAPE
     m, k, n = args.m or dm, args.k or dk, args.n or dn
     cases = [bl.Case(s, m, k, n, **common) for s in args.schedules]
+  if not cases:  # parse_args rejects the filters that leave none; this is the backstop
+    build_parser().error(f"--suite {args.suite} --schedule {args.schedule}: no case to run")
   bad = [f"{c.label}: {c.invalid_reason()}" for c in cases if c.invalid_reason()]
   if bad:
     raise SystemExit("jax_distgemm.bench: invalid case(s):\n  " + "\n  ".join(bad))
@@ -213,9 +241,12 @@ def _progress(msg: str) -> None:
 
 def _write_json(path: str, payload: dict) -> None:
   tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(bl.sanitize(payload), f, indent=1)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(bl.sanitize(payload), f, indent=1)
+    os.replace(tmp, path)
+  except OSError as e:  # parse_args checked the path; it can still go (a full disk, rm -r)
+    raise SystemExit(f"jax_distgemm.bench: --json: cannot write {path}: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
   if args.child_out:  # the windowed-einsum child (see bench_lib.run_windowed_child)
     bl.child_main(lambda platform: resolve_cases(args, platform), args.tp, opts, args.child_out)
     return 0
+
+  # A tuning file that will not load stops the run before the child times anything (the
+  # load itself waits for the backend, below).
+  if args.tuning_file and os.path.exists(args.tuning_file) and not args.list:
+    try:
+      runtime._read_tuning(args.tuning_file, "jax_distgemm.load_tuning")
+    except ValueError as e:
+      raise SystemExit(f"jax_distgemm.bench: --tuning-file: {e}") from None
 
   # The child runs first, before this process initializes a backend (and preallocates memory).
   child_rows, child_failure, child_flags = {}, None, None
@@ -254,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.tuning_file and os.path.exists(args.tuning_file):
     try:
       tuning_loaded = runtime.load_tuning(args.tuning_file)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
       raise SystemExit(f"jax_distgemm.bench: --tuning-file: {e}") from None
     print(f"--tuning-file: loaded {tuning_loaded} saved choice(s) x GPU from {args.tuning_file}")
   meta = {
@@ -317,9 +356,17 @@ def main(argv: list[str] | None = None) -> int:
   passed = all(r["passed"] for r in results)
   meta["gpu_monitor"] = monitor.describe()
   meta["copy_streams"] = runtime.copy_stream_reports()
+  errors = []  # after the measurements: reported, and the exit status 1, but the JSON written
   if args.tuning_file:
-    meta["tuning_saved"] = runtime.save_tuning(args.tuning_file)
-    print(f"--tuning-file: saved {meta['tuning_saved']} choice(s) to {args.tuning_file}")
+    try:
+      meta["tuning_saved"], meta["tuning_kept"] = runtime._save_tuning(args.tuning_file,
+                                                                       keep_existing=True)
+    except (ValueError, OSError) as e:
+      meta["tuning_error"] = str(e)
+      errors.append(f"--tuning-file: {e}")
+    else:
+      print(f"--tuning-file: saved {meta['tuning_saved']} choice(s) of this run to "
+            f"{args.tuning_file}, kept {meta['tuning_kept']} other(s) from the file")
   for c in meta["copy_streams"]:
     print(runtime.describe_copy_stream(c))
   if args.json:
@@ -328,13 +375,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.json}")
   if args.plot:
     title = f"jax_distgemm TP={args.tp} {args.dtype} on {env['device_kind']}"
-    bl.plot(results, args.plot, title)
-    print(f"wrote {args.plot}")
+    try:
+      bl.plot(results, args.plot, title)
+      print(f"wrote {args.plot}")
+    except OSError as e:
+      errors.append(f"--plot: cannot write {args.plot}: {e}")
+  for e in errors:
+    print(f"jax_distgemm.bench: {e}", file=sys.stderr)
   if not passed:
     print("FAILED: " + "; ".join(f"{r['case']['short']} {r['case']['m']},{r['case']['k']},"
                                  f"{r['case']['n']}: {', '.join(r['failures'])}"
                                  for r in results if not r["passed"]))
-  return 0 if passed else 1
+  return 0 if passed and not errors else 1
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ class BenchEndToEndTest(absltest.TestCase):
     meta = self.data["meta"]
     self.assertEqual(meta["tuning_file"], self.tuning_path)
     self.assertIsNone(meta["tuning_loaded"])  # it did not exist yet
-    self.assertEqual(meta["tuning_saved"], 0)
+    self.assertEqual((meta["tuning_saved"], meta["tuning_kept"]), (0, 0))
     with open(self.tuning_path) as f:
       saved = json.load(f)
     self.assertEqual((saved["format"], saved["entries"]), ("jax_distgemm tuning", []))
@@ -273,6 +273,95 @@ class BenchCliTest(absltest.TestCase):
     self.assertIn("has version 99", proc.stderr)
     self.assertNotIn("timing:", proc.stderr)
 
+  def test_tuning_file_keeps_the_choices_this_run_did_not_settle(self):
+    # A file saved on a GPU: on CPU this run settles nothing, and loads nothing (no GPU of the
+    # file's model); saving at the end must keep the file's choice, not write an empty file.
+    entry = {"gpu": "NVIDIA H200", "sm_count": 132, "ab_type": "bfloat16",
+             "d_type": "bfloat16", "has_c": False, "m": 4096, "n": 14336, "k": 8192,
+             "batch": 1, "shared_b": False, "fused_stages": 2, "tune_mode": "sustained",
+             "turn_heat_ms": -1, "call_trials": True,
+             "config": "Cooperative 128x256x64 cluster 1x1", "raster": 1, "swizzle": 8,
+             "ms": 2.9, "call_ms": [-1.0, -1.0]}
+    with tempfile.TemporaryDirectory() as d:
+      path, out = os.path.join(d, "tuning.json"), os.path.join(d, "bench.json")
+      with open(path, "w") as f:
+        json.dump({"format": "jax_distgemm tuning", "version": 1, "entries": [entry]}, f)
+      proc = run_bench([*TINY, "--iterations", "2", "--repeats", "1", "--warmup-iterations",
+                        "0", "--impls", "ffi,reference", "--no-windowed-einsum",
+                        "--tuning-file", path, "--json", out], timeout=600)
+      self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+      with open(path) as f:
+        self.assertEqual(json.load(f)["entries"], [entry])
+      with open(out) as f:
+        meta = json.load(f)["meta"]
+    self.assertEqual((meta["tuning_loaded"], meta["tuning_saved"], meta["tuning_kept"]),
+                     (0, 0, 1))
+    self.assertIn("kept 1 other(s) from the file", proc.stdout)
+    if not meta["cuda_executor_built"]:
+      self.assertNotIn("circular import", meta["cuda_import_error"])
+
+  def test_output_paths_are_checked_before_anything_runs(self):
+    from jax_distgemm import bench  # noqa: PLC0415
+    with tempfile.TemporaryDirectory() as d:
+      missing = os.path.join(d, "missing", "out")
+      for flag in ("--json", "--plot", "--tuning-file"):
+        for path, why in ((missing, "does not exist"), (d, "is a directory")):
+          with self.subTest(flag=flag, path=path):
+            err = io.StringIO()
+            with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err), \
+                mock.patch.dict(sys.modules, {"matplotlib": mock.Mock()}):  # --plot's check
+              bench.parse_args([flag, path])
+            self.assertEqual(cm.exception.code, 2)
+            self.assertIn(f"{flag}: {path}", err.getvalue())
+            self.assertIn(why, err.getvalue())
+      # End to end: the usage error comes before the windowed-einsum child or any case.
+      proc = run_bench([*TINY, "--json", os.path.join(missing, "bench.json")], timeout=300)
+      self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+      self.assertIn("--json:", proc.stderr)
+      self.assertNotIn("Traceback", proc.stderr)
+      self.assertNotIn("windowed-einsum child", proc.stderr)
+      # A path that goes away after the check is a named error, not a traceback.
+      with self.assertRaisesRegex(SystemExit, "--json: cannot write .*No such file"):
+        bench._write_json(os.path.join(missing, "bench.json"), {})
+
+  def test_write_errors_after_the_run_are_reported_with_the_json(self):
+    # A tuning file or plot that cannot be written at the end: named on stderr, exit status 1,
+    # and the JSON still written in full (no traceback, no "complete": false).
+    from jax_distgemm import bench  # noqa: PLC0415
+    with tempfile.TemporaryDirectory() as d:
+      out = os.path.join(d, "bench.json")
+      argv = [*TINY, "--iterations", "2", "--repeats", "1", "--warmup-iterations", "0",
+              "--impls", "ffi,reference", "--no-windowed-einsum", "--json", out,
+              "--tuning-file", os.path.join(d, "tuning.json"), "--plot", os.path.join(d, "p.png")]
+      err = io.StringIO()
+      with mock.patch.object(bench.runtime, "_save_tuning",
+                             side_effect=ValueError("jax_distgemm.save_tuning: cannot write X")), \
+          mock.patch.object(bench.bl, "plot", side_effect=PermissionError("denied")), \
+          mock.patch.dict(sys.modules, {"matplotlib": mock.Mock()}), \
+          contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        self.assertEqual(bench.main(argv), 1)
+      with open(out) as f:
+        data = json.load(f)
+    self.assertTrue(data["complete"])
+    self.assertTrue(data["passed"])
+    self.assertEqual(data["meta"]["tuning_error"], "jax_distgemm.save_tuning: cannot write X")
+    self.assertIn("jax_distgemm.bench: --tuning-file: jax_distgemm.save_tuning: cannot write X",
+                  err.getvalue())
+    self.assertIn("jax_distgemm.bench: --plot: cannot write", err.getvalue())
+
+  def test_schedule_filter_that_leaves_no_case_is_a_usage_error(self):
+    from jax_distgemm import bench  # noqa: PLC0415
+    err = io.StringIO()
+    with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err):
+      bench.parse_args(["--suite", "small", "--schedule", "AG-RotB"])
+    self.assertEqual(cm.exception.code, 2)
+    self.assertIn("--schedule AG-RotB: no case of --suite small", err.getvalue())
+    self.assertIn("its schedules: AG-RotA, RS-TilA", err.getvalue())
+    bench.parse_args(["--suite", "small", "--schedule", "RS-TilA"])  # a filter that keeps some
+    proc = run_bench(["--suite", "small", "--schedule", "AG-RotB", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 2, proc.stderr)
+    self.assertIn("no case of --suite small", proc.stderr)
+
   def test_negative_heat_is_rejected(self):
     proc = run_bench(["--heat-ms", "-5", "--list"], timeout=300)
     self.assertEqual(proc.returncode, 2)
@@ -355,6 +444,31 @@ class BenchLibTest(absltest.TestCase):
     self.assertEqual(bl.suite("standard", "cpu"), bl.standard_suite(bl.CPU_SUITE_SCALE))
     with self.assertRaisesRegex(ValueError, "not one of"):
       bl.suite("huge", "gpu")
+
+  def test_cuda_import_error_says_not_built(self):
+    # Not "partially initialized module ... (most likely due to a circular import)": the
+    # reason the bench records (meta cuda_import_error) and api.ffi_unsupported_reason appends.
+    from jax_distgemm import ffi as ffi_modules  # noqa: PLC0415
+    if not ffi_modules.has_cuda():
+      msg = str(ffi_modules.cuda_import_error)
+      self.assertNotIn("circular import", msg)
+      self.assertIn("_distgemm_cuda was not built", msg)
+    name = "jax_distgemm.ffi._distgemm_cuda"
+    for raised, want in (
+        (ModuleNotFoundError(f"No module named {name!r}", name=name), "was not built: no "),
+        (ImportError("libcudart.so.12: cannot open shared object file"),
+         "is installed but does not load: libcudart.so.12"),
+        (ModuleNotFoundError("No module named 'nvidia'", name="nvidia"),
+         "is installed but does not load: No module named 'nvidia'")):
+      with self.subTest(raised=raised), mock.patch.object(
+          ffi_modules.importlib, "import_module", side_effect=raised):
+        module, error = ffi_modules._import_cuda()
+      self.assertIsNone(module)
+      self.assertIsInstance(error, ImportError)
+      self.assertIn(want, str(error))
+    fake = object()
+    with mock.patch.object(ffi_modules.importlib, "import_module", return_value=fake):
+      self.assertEqual(ffi_modules._import_cuda(), (fake, None))
 
   def test_rotation_sets(self):
     l2 = 60 * 2**20

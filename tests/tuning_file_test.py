@@ -103,6 +103,11 @@ class TuningFileTest(parameterized.TestCase):
        "'call_ms' must be a list of two"),
       ("zero_extent", tuning_file([ENTRY, {**ENTRY, "k": 0}]),
        "entry 1: field 'k' must be >= 1, got 0"),
+      # JSON's true and 1.0 compare equal to 1, but are not version 1.
+      ("bool_version", {**tuning_file([ENTRY]), "version": True},
+       "has version True; this jax_distgemm reads version 1"),
+      ("float_version", {**tuning_file([ENTRY]), "version": 1.0}, "has version 1.0;"),
+      ("nested_too_deeply", "[" * 100000 + "]" * 100000, "is not JSON: nested too deeply"),
   )
   def test_bad_file_names_the_rule_and_installs_nothing(self, data, rule):
     self.write(data)
@@ -111,6 +116,64 @@ class TuningFileTest(parameterized.TestCase):
       with self.assertRaisesRegex(ValueError, rule):
         jd.load_tuning(self.path)
     fake.import_tuning.assert_not_called()
+
+  def test_unreadable_paths_raise_value_error_naming_the_path(self):
+    missing = os.path.join(self.dir, "missing.json")
+    not_utf8 = os.path.join(self.dir, "latin1.json")
+    with open(not_utf8, "wb") as f:
+      f.write(b"\xff\xfe\x00garbage")
+    fake = fake_module()
+    for path, rule in ((missing, "cannot read .*: No such file"),
+                       (self.dir, "cannot read .*: Is a directory"),
+                       (not_utf8, "is not JSON: not UTF-8 text")):
+      with self.subTest(path=path), mock.patch.object(runtime.ffi_modules, "module_for",
+                                                      return_value=fake):
+        with self.assertRaisesRegex(ValueError, "^jax_distgemm.load_tuning: .*" + rule) as cm:
+          jd.load_tuning(path)
+        self.assertIn(path, str(cm.exception))
+    fake.import_tuning.assert_not_called()
+
+  def test_unwritable_paths_raise_value_error_and_leave_no_file(self):
+    fake = fake_module([ENTRY])
+    for path in (os.path.join(self.dir, "missing", "tuning.json"), self.dir):
+      with self.subTest(path=path), mock.patch.object(runtime.ffi_modules, "module_for",
+                                                      return_value=fake):
+        with self.assertRaisesRegex(ValueError, "^jax_distgemm.save_tuning: cannot write") as cm:
+          jd.save_tuning(path)
+        self.assertIn(path, str(cm.exception))
+    self.assertEqual(os.listdir(self.dir), [])  # no temporary file left behind
+    self.assertFalse(os.path.exists(f"{self.dir}.tmp{os.getpid()}"))  # (save_tuning(self.dir))
+
+  def test_save_replaces_but_bench_merge_keeps_other_keys(self):
+    # The file: a choice for another GPU model, one for a shape this run never tuned (twice:
+    # the last is the one a load installs), and one for a key this run settles again.
+    h100 = {**ENTRY, "gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132}
+    untuned = {**ENTRY, "m": 1024}
+    older = {**untuned, "config": "Cooperative 128x256x64 cluster 2x1", "ms": 9.0}
+    stale = {**ENTRY, "config": "Cooperative 128x256x64 cluster 2x1", "ms": 3.5}
+    new_shape = {**ENTRY, "n": 4096}
+    fake = fake_module([ENTRY, new_shape])
+    with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
+      self.write(tuning_file([older, h100, stale, untuned]))
+      self.assertEqual(runtime._save_tuning(self.path, keep_existing=True), (2, 2))
+      with open(self.path) as f:
+        self.assertEqual(json.load(f)["entries"], [h100, untuned, ENTRY, new_shape])
+      self.assertEqual(jd.load_tuning(self.path), 2)  # a valid file
+      # Merging again changes nothing; without a file it writes this run's choices only.
+      self.assertEqual(runtime._save_tuning(self.path, keep_existing=True), (2, 2))
+      os.remove(self.path)
+      self.assertEqual(runtime._save_tuning(self.path, keep_existing=True), (2, 0))
+      # A file that would not load is not overwritten.
+      self.write("{")
+      with self.assertRaisesRegex(ValueError, "^jax_distgemm.save_tuning: .* is not JSON"):
+        runtime._save_tuning(self.path, keep_existing=True)
+      with open(self.path) as f:
+        self.assertEqual(f.read(), "{")
+      # save_tuning itself replaces the file, as documented.
+      self.write(tuning_file([h100]))
+      self.assertEqual(jd.save_tuning(self.path), 2)
+    with open(self.path) as f:
+      self.assertEqual(json.load(f)["entries"], [ENTRY, new_shape])
 
   def test_module_errors_name_the_file(self):
     self.write({"format": runtime.TUNING_FORMAT, "version": 1, "entries": [ENTRY]})

@@ -73,8 +73,10 @@ def ffi_unsupported_reason(platform: str, x, w, out_dtype, schedule: Schedule,
   if platform not in ("cuda", "gpu"):
     return f"no FFI executor for platform {platform!r}"
   if not ffi_modules.has_cuda():
-    return ("the CUDA executor was not built (no nvcc at install time): "
-            f"{ffi_modules.cuda_import_error}")
+    err = ffi_modules.cuda_import_error
+    if "does not load" in str(err):  # built and installed, but its import fails (ffi/__init__)
+      return f"the CUDA executor does not load: {err}"
+    return f"the CUDA executor was not built (no nvcc at install time): {err}"
   from jax_distgemm._src import cuda_rules  # CUDA-only constraints (dtypes, TMA alignment)
   return cuda_rules.unsupported_reason(x, w, out_dtype, schedule, tp)
 

@@ -3,6 +3,7 @@ saved tuning choices."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -60,23 +61,59 @@ def save_tuning(path) -> int:
   A choice is keyed by the GPU model and SM count, the types and the stage shape, not by the
   device ordinal: load_tuning installs it on every GPU of that model.  So one record per key is
   written: where devices chose differently, the one with the lowest tuner time.  Choices whose
-  call trial is still running are left out.  Returns how many were written (0 without the CUDA
+  call trial is still running are left out.  The file is replaced, not merged into: records
+  already in it are gone (`python -m jax_distgemm.bench --tuning-file` keeps them).  A path
+  that cannot be written (a missing directory, a directory) raises ValueError naming it, and
+  leaves whatever was at `path` as it was.  Returns how many were written (0 without the CUDA
   executor).
   """
-  module = ffi_modules.module_for("cuda")
-  entries = _one_per_key([] if module is None else list(module.export_tuning()))
-  data = {"format": TUNING_FORMAT, "version": TUNING_VERSION, "entries": entries}
+  return _save_tuning(path, keep_existing=False)[0]
+
+
+def _save_tuning(path, keep_existing: bool) -> tuple[int, int]:
+  """save_tuning, or with `keep_existing` a merge into the tuning file at `path`.
+
+  With `keep_existing`, the file's records whose key (_TUNING_KEY: GPU model and SM count,
+  types, shape, tuning mode and knobs) this process did not settle stay, in their order and
+  ahead of this process's, so that a run on one GPU model, or of some shapes, does not drop the
+  others' (e.g. a file shared by H100 and H200 runs, or a suite's file after a one-shape run);
+  on a key both have, this process's choice wins.  Where the file has one key twice, the last
+  stays (the one load_tuning leaves installed).  The file is read here, not taken from an
+  earlier load_tuning, so what another run saved since is kept too (NOTE: two runs saving at
+  once still race: the later rename wins).  A missing file merges as an empty one; one that
+  load_tuning would reject raises its ValueError (prefixed save_tuning), and nothing is
+  written.  Returns (records of this process, records kept from the file).
+  """
+  where = "jax_distgemm.save_tuning"
   path = os.fspath(path)
+  module = ffi_modules.module_for("cuda")
+  settled = _one_per_key([] if module is None else list(module.export_tuning()))
+  kept: list[dict] = []
+  if keep_existing and os.path.exists(path):
+    entries = _read_tuning(path, where)["entries"]
+    mine = {_key(e) for e in settled}
+    last = {_key(e): i for i, e in enumerate(entries)}
+    kept = [e for i, e in enumerate(entries) if _key(e) not in mine and last[_key(e)] == i]
+  data = {"format": TUNING_FORMAT, "version": TUNING_VERSION, "entries": kept + settled}
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(data, f, indent=1)
-  os.replace(tmp, path)  # never a half-written file under `path`
-  return len(entries)
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # never a half-written file under `path`
+  except OSError as e:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise ValueError(f"{where}: cannot write {path}: {e.strerror or e}") from e
+  return len(settled), len(kept)
 
 
 # What a choice is for (its key); the rest of a record is the choice.
 _TUNING_KEY = ("gpu", "sm_count", "ab_type", "d_type", "has_c", "m", "n", "k", "batch",
                "shared_b", "fused_stages", "tune_mode", "turn_heat_ms", "call_trials")
+
+
+def _key(entry: dict) -> tuple:
+  return tuple(entry[f] for f in _TUNING_KEY)
 
 
 def _one_per_key(entries: list[dict]) -> list[dict]:
@@ -89,7 +126,7 @@ def _one_per_key(entries: list[dict]) -> list[dict]:
 
   best: dict[tuple, dict] = {}
   for e in entries:
-    key = tuple(e[f] for f in _TUNING_KEY)
+    key = _key(e)
     if key not in best or tuner_ms(e) < tuner_ms(best[key]):
       best[key] = e
   return list(best.values())
@@ -116,31 +153,50 @@ def _check_entry(where: str, entry) -> None:
       raise ValueError(f"{where}: field {name!r} must be >= 1, got {entry[name]}")
 
 
+def _read_tuning(path: str, where: str) -> dict:
+  """The checked contents of the tuning file at `path`; ValueError (prefixed `where`) if it
+  cannot be read or is not a valid tuning file."""
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:  # missing, a directory, unreadable
+    raise ValueError(f"{where}: cannot read {path}: {e.strerror or e}") from e
+  try:
+    data = json.loads(raw.decode("utf-8"))
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{where}: {path} is not JSON: not UTF-8 text ({e.reason} at byte "
+                     f"{e.start})") from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{where}: {path} is not JSON: {e}") from None
+  except RecursionError:  # NOTE: json's decoder recurses once per nesting level
+    raise ValueError(f"{where}: {path} is not JSON: nested too deeply to parse") from None
+  if (not isinstance(data, dict) or data.get("format") != TUNING_FORMAT or
+      not isinstance(data.get("entries"), list)):
+    raise ValueError(f"{where}: {path} is not a jax_distgemm tuning file "
+                     f"(want an object with format {TUNING_FORMAT!r} and a list 'entries')")
+  version = data.get("version")
+  # JSON's true and 1.0 compare equal to 1: only the integer is version 1.
+  if type(version) is not int or version != TUNING_VERSION:
+    raise ValueError(f"{where}: {path} has version {version!r}; "
+                     f"this jax_distgemm reads version {TUNING_VERSION}")
+  for i, entry in enumerate(data["entries"]):
+    _check_entry(f"{where}: {path}: entry {i}", entry)
+  return data
+
+
 def load_tuning(path) -> int:
   """Installs the choices save_tuning wrote, so that their shapes skip tuning (CUDA).
 
   Each choice goes to every visible GPU of its model and SM count, replacing what this process
   chose for the same key (types, shape, tuning mode and knobs) and dropping that key's call
-  trial.  A file that does not parse, or any invalid entry, raises ValueError naming the entry
-  and the rule, and installs nothing.  Call it before the calls, or between them as for
-  reset().  Returns how many (choice, GPU) pairs were installed: 0 without the CUDA executor,
-  or where no GPU of the file's models is visible.
+  trial.  A path that cannot be read (missing, a directory), a file that does not parse (not
+  UTF-8 JSON, or nested too deeply), another format or version, or any invalid entry raises
+  ValueError naming the path (and the entry and the rule), and installs nothing.  Call it
+  before the calls, or between them as for reset().  Returns how many (choice, GPU) pairs were
+  installed: 0 without the CUDA executor, or where no GPU of the file's models is visible.
   """
   path = os.fspath(path)
-  with open(path) as f:
-    try:
-      data = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"jax_distgemm.load_tuning: {path} is not JSON: {e}") from None
-  if (not isinstance(data, dict) or data.get("format") != TUNING_FORMAT or
-      not isinstance(data.get("entries"), list)):
-    raise ValueError(f"jax_distgemm.load_tuning: {path} is not a jax_distgemm tuning file "
-                     f"(want an object with format {TUNING_FORMAT!r} and a list 'entries')")
-  if data.get("version") != TUNING_VERSION:
-    raise ValueError(f"jax_distgemm.load_tuning: {path} has version {data.get('version')!r}; "
-                     f"this jax_distgemm reads version {TUNING_VERSION}")
-  for i, entry in enumerate(data["entries"]):
-    _check_entry(f"jax_distgemm.load_tuning: {path}: entry {i}", entry)
+  data = _read_tuning(path, "jax_distgemm.load_tuning")
   module = ffi_modules.module_for("cuda")
   if module is None:
     return 0

@@ -5,6 +5,7 @@ _distgemm_cpu is always built; _distgemm_cuda only where nvcc was found at build
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 
@@ -26,13 +27,24 @@ except ImportError as e:  # pragma: no cover - a broken install
       "jax_distgemm: the compiled CPU extension (_distgemm_cpu) is missing; reinstall the "
       "package with `pip install .` so that it is built") from e
 
-try:
-  from jax_distgemm.ffi import _distgemm_cuda
-except ImportError as e:
-  _distgemm_cuda = None
-  cuda_import_error: ImportError | None = e
-else:
-  cuda_import_error = None
+
+def _import_cuda():
+  """(the CUDA extension module, None), or (None, an ImportError saying why there is none)."""
+  name = f"{__name__}._distgemm_cuda"
+  try:
+    return importlib.import_module(name), None
+  except ImportError as e:
+    # NOTE: not `from jax_distgemm.ffi import _distgemm_cuda`: inside this package's own
+    # __init__, a missing submodule reads "partially initialized module ... (most likely due to
+    # a circular import)", which is not what happened.
+    if isinstance(e, ModuleNotFoundError) and e.name == name:
+      return None, ImportError(f"the CUDA extension {name} was not built: no _distgemm_cuda "
+                               f"module in {', '.join(__path__)}")
+    # Present but broken: e.g. a CUDA runtime library it links is missing.
+    return None, ImportError(f"the CUDA extension {name} is installed but does not load: {e}")
+
+
+_distgemm_cuda, cuda_import_error = _import_cuda()
 
 _cpu_targets_lock = threading.Lock()
 _cpu_targets_registered = False
