@@ -35,8 +35,9 @@ different processes; a leading batch dim of size dp is sharded over dp.
 Test hooks (tests/multiprocess_test.py): --fault P:I[:PHASE] makes the CPU handler on the I-th
 local device of process P skip its peers (from barrier PHASE on; -1: the whole call) in one call
 of the first check, after the healthy ones: its peers must time out with DEADLINE_EXCEEDED and
-the call after it must be correct again (JDG_FAULT lines).  --no-exit-cleanup ends the
-workers with os._exit (no atexit: like a crash), leaving their segments behind.
+the call after it must be correct again (JDG_FAULT lines; the run fails otherwise, also when the
+fault never fired).  --no-exit-cleanup ends the workers with os._exit (no atexit: like a crash),
+leaving their segments behind.
 --skip-initialize leaves out jax_distgemm.initialize_multiprocess(): the FFI path must then be
 refused with a message that says what to call, and --implementation=auto (None) must run the
 XLA ring instead, with a warning.  --checks ...@repeat12 (REPEATED, not in the default set):
@@ -77,6 +78,8 @@ DTYPES = ("bf16", "fp16", "fp32")
 # Relative Frobenius error bounds vs float64 (products are exact in fp32 accumulation; the
 # output rounding dominates; fp32 allows TF32 on GPUs).
 TOL = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-3}
+MAX_CALL_TIMEOUT_MS = 2**31 - 1  # the library's bound on timeout_ms (~24.8 days)
+MAX_TIMEOUT_S = 1e6  # --timeout: half of it bounds initialize_multiprocess (at most ~24.8 days)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -128,18 +131,30 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.num_processes < 1 or args.devices_per_process < 1:
     p.error("--num-processes and --devices-per-process must be >= 1")
+  if args.iterations < 1:
+    p.error(f"--iterations must be >= 1, got {args.iterations}")
   if args.timing_iterations < 0 or args.timing_repeats < 1 or args.timing_warmup < 0:
     p.error("--timing-iterations and --timing-warmup must be >= 0 and --timing-repeats >= 1")
+  if not 0 < args.timeout <= MAX_TIMEOUT_S:  # also nan
+    p.error(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {args.timeout}")
+  if args.call_timeout_ms is not None and not 1 <= args.call_timeout_ms <= MAX_CALL_TIMEOUT_MS:
+    p.error(f"--call-timeout-ms must be in [1, {MAX_CALL_TIMEOUT_MS}], got {args.call_timeout_ms}")
+  if not 0 <= args.seed < 2**31:
+    p.error(f"--seed must be in [0, 2**31), got {args.seed}")
   if args.timing_only and not args.timing_iterations:
     args.timing_iterations = 10
   total = args.num_processes * args.devices_per_process
-  args.tp = args.tp or total
+  args.tp = total if args.tp is None else args.tp
   if args.tp < 1 or total % args.tp:
-    p.error(f"--tp={args.tp} must divide the {total} devices")
+    p.error(f"--tp={args.tp} must be >= 1 and divide the {total} devices")
   gpu = args.platform == "gpu"
-  args.m = args.m or (4096 if gpu else 64 * args.tp)
-  args.n = args.n or (4096 if gpu else 48 * args.tp)
-  args.k = args.k or (4096 if gpu else 32 * args.tp)
+  defaults = {"m": 4096 if gpu else 64 * args.tp, "n": 4096 if gpu else 48 * args.tp,
+              "k": 4096 if gpu else 32 * args.tp}
+  for name, default in defaults.items():
+    if getattr(args, name) is None:
+      setattr(args, name, default)
+    elif getattr(args, name) < 1:
+      p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
   args.dtype = args.dtype or ("bf16" if gpu else "fp32")
   for name in ("m", "n", "k"):
     if getattr(args, name) % args.tp:
@@ -148,12 +163,33 @@ def parse_args(argv=None) -> argparse.Namespace:
   unknown = [c for c in args.checks if c not in KNOWN_CHECKS]
   if unknown or not args.checks:
     p.error(f"--checks: unknown {unknown}; choose from {KNOWN_CHECKS}")
-  if args.fault:
-    parts = args.fault.split(":")
-    if len(parts) not in (2, 3) or not all(x.lstrip("-").isdigit() for x in parts):
-      p.error("--fault must be P:I or P:I:PHASE")
-    args.fault = tuple(int(x) for x in parts) + ((-1,) if len(parts) == 2 else ())
+  if args.fault is not None:
+    args.fault = parse_fault(p, args)
   return args
+
+
+def parse_fault(p, args) -> tuple[int, int, int]:
+  """--fault P:I[:PHASE] as (P, I, PHASE), each checked against the job (usage errors)."""
+  parts = args.fault.split(":")
+  if len(parts) not in (2, 3) or not all(x.lstrip("-").isdigit() for x in parts):
+    p.error(f"--fault must be P:I or P:I:PHASE (integers), got {args.fault!r}")
+  fault, index, phase = tuple(int(x) for x in parts) + ((-1,) if len(parts) == 2 else ())
+  if args.platform != "cpu" or args.implementation not in ("ffi", "auto") or args.timing_only:
+    p.error("--fault is a hook of the CPU executor: it needs --platform cpu, --implementation "
+            "ffi (or auto) and the checks (not --timing-only)")
+  if args.tp < 2:
+    p.error("--fault needs --tp >= 2 (the faulty device's peers must time out)")
+  if not 0 <= fault < args.num_processes:
+    p.error(f"--fault P={fault}: must be a process index in [0, {args.num_processes})")
+  if not 0 <= index < args.devices_per_process:
+    p.error(f"--fault I={index}: must be a local device index in [0, {args.devices_per_process})")
+  # Barriers of the first check (the faulted one): AllGather 0..1, the ReduceScatter ring
+  # 0..TP (its gather path only 0..1: such a fault never fires, which the launcher reports).
+  first = args.checks[0]
+  last = 1 if first.startswith("AllGather") else args.tp
+  if not -1 <= phase <= last:
+    p.error(f"--fault PHASE={phase}: {first} has barriers 0..{last} (-1: skip the whole call)")
+  return fault, index, phase
 
 
 # -- Worker -----------------------------------------------------------------------------------------
@@ -436,8 +472,9 @@ def run_fault(args, me, fn, arrays, ref_out, ref64, local_errors, tol) -> bool:
   from jax_distgemm.ffi import _distgemm_cpu  # noqa: PLC0415
 
   fault_process, index, phase = args.fault
-  if me == fault_process:
-    _distgemm_cpu.set_fault_device(jax.local_devices()[index].id, phase)
+  device = jax.local_devices()[index].id if me == fault_process else None
+  if device is not None:
+    _distgemm_cpu.set_fault_device(device, phase)
   start = time.monotonic()
   error = None
   try:
@@ -451,8 +488,8 @@ def run_fault(args, me, fn, arrays, ref_out, ref64, local_errors, tol) -> bool:
   jax.block_until_ready(out)
   err_ref, err_np = local_errors(out, ref_out, ref64)
   recovered = bool(err_ref <= tol and err_np <= tol)
-  emit("JDG_FAULT", process=me, faulty_process=fault_process, error=error, elapsed_s=elapsed,
-       recovered=recovered, rel_err_ref=err_ref, rel_err_np=err_np)
+  emit("JDG_FAULT", process=me, faulty_process=fault_process, fault_device=device, error=error,
+       elapsed_s=elapsed, recovered=recovered, rel_err_ref=err_ref, rel_err_np=err_np)
   return recovered
 
 
@@ -473,7 +510,7 @@ def child_args(args, process_id: int, coordinator: str) -> list[str]:
          f"--iterations={args.iterations}", f"--timing-iterations={args.timing_iterations}",
          f"--timing-repeats={args.timing_repeats}", f"--timing-warmup={args.timing_warmup}",
          f"--checks={','.join(args.checks)}", f"--timeout={args.timeout}", f"--seed={args.seed}"]
-  if args.call_timeout_ms:
+  if args.call_timeout_ms is not None:
     out.append(f"--call-timeout-ms={args.call_timeout_ms}")
   if args.fault:
     out.append("--fault=" + ":".join(str(v) for v in args.fault))
@@ -505,6 +542,28 @@ def records(lines, tag):
   for line in lines:
     if line.startswith(tag + " "):
       out.append(json.loads(line[len(tag) + 1:]))
+  return out
+
+
+def fault_failures(args, lines) -> list[str]:
+  """What the --fault run did not do (empty: all of it): a JDG_FAULT record from every process,
+  DEADLINE_EXCEEDED in every process that holds a TP peer of the faulty device, and a correct
+  call after it everywhere."""
+  faults = {f["process"]: f for f in records(lines, "JDG_FAULT")}
+  missing = sorted(set(range(args.num_processes)) - set(faults))
+  if missing:
+    return [f"no fault record from processes {missing}"]
+  device = faults[args.fault[0]]["fault_device"]
+  meshes = {m["process"]: m for m in records(lines, "JDG_MESH")}
+  group = next((g for m in meshes.values() for g in m["groups"] if device in g), None)
+  if group is None:
+    return [f"the faulty device {device} is in no TP group of the mesh"]
+  peers = sorted(p for p, m in meshes.items() if set(m["local"]) & (set(group) - {device}))
+  out = [f"process {p} holds a TP peer of device {device} but saw no DEADLINE_EXCEEDED (the "
+         "fault did not fire)" for p in peers if "DEADLINE_EXCEEDED" not in (
+             faults[p]["error"] or "")]
+  out += [f"process {p}: the call after the fault was wrong" for p, f in sorted(faults.items())
+          if not f["recovered"]]
   return out
 
 
@@ -619,6 +678,10 @@ def launch(args) -> int:
   for f in records(all_lines, "JDG_FAULT"):
     print(f"fault: process {f['process']}: error={'yes' if f['error'] else 'no'} after "
           f"{f['elapsed_s']:.2f} s, next call {'correct' if f['recovered'] else 'WRONG'}")
+  if args.fault and failure is None:
+    for why in fault_failures(args, all_lines):
+      print(f"FAILED: --fault: {why}")
+      ok = False
 
   # Shared memory: a clean exit leaves nothing; remove whatever is left either way.
   tokens = sorted({r["token"] for r in records(all_lines, "JDG_TOKEN")})

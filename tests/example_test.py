@@ -71,6 +71,12 @@ class ExampleTest(parameterized.TestCase):
     self.assertIn("Disposition: Failed", proc.stdout)
     self.assertNotIn("Disposition: Passed", proc.stdout)
 
+  def test_alpha_zero_exact_zero_output_passes(self):
+    # alpha=0 and no C: the reference is all zeros and so is the output; no 0/0 NaN.
+    out = self.assert_passed_with_timing(run_example(["--tp=2", "--alpha=0", *SMALL]))
+    self.assertIn("alpha=0 beta=0", out)
+    self.assertIn("(max relative error 0.000e+00, eps", out)
+
   def test_negative_eps_is_a_usage_error(self):
     proc = run_example(["--tp=2", "--eps=-1", *SMALL])
     self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)

@@ -252,6 +252,18 @@ class MultiprocessTest(parameterized.TestCase):
     self.assertCountEqual([json.dumps(t, sort_keys=True) for t in saved["times"]],
                           [json.dumps(t, sort_keys=True) for t in times])
 
+  def test_fault_that_never_fires_fails_the_run(self):
+    # The gather path of ReduceScatter TilingA has barriers 0..1 only: a fault before barrier 2
+    # never fires, so no peer times out, which must fail the run, not pass it.
+    rc, out, records = launch("--num-processes=2", "--fault=1:0:2", "--call-timeout-ms=1000",
+                              f"--checks={SCHEDULES[2]}", "--iterations=1",
+                              env_extra={"JAX_DISTGEMM_RS_PATH": "gather"})
+    self.assertEqual(rc, 1, out[-4000:])
+    self.assertLen(records.get("JDG_FAULT", []), 2, out[-4000:])
+    self.assertIn("FAILED: --fault: process 0 holds a TP peer of device 2048 but saw no "
+                  "DEADLINE_EXCEEDED (the fault did not fire)", out)
+    self.assertIn("Disposition: Failed", out)
+
   def test_without_initialize_multiprocess_the_ffi_path_is_refused(self):
     rc, out, _ = launch("--num-processes=2", f"--checks={SCHEDULES[0]}", "--skip-initialize")
     self.assertNotEqual(rc, 0, out[-4000:])
@@ -277,11 +289,148 @@ class MultiprocessTest(parameterized.TestCase):
       self.assertEqual(r["fused_calls"], 0, r)  # the ring, not our custom call
 
 
-class SetupTest(absltest.TestCase):
+class LauncherFlagsTest(parameterized.TestCase):
+  """Flags out of range are usage errors (exit 2) naming the flag, before anything runs."""
+
+  @parameterized.parameters(
+      ("--call-timeout-ms=0", "--call-timeout-ms must be in [1, 2147483647], got 0"),
+      ("--call-timeout-ms=-5", "--call-timeout-ms must be in [1, 2147483647], got -5"),
+      ("--fault=5:0", "--fault P=5: must be a process index in [0, 2)"),
+      ("--fault=0:7", "--fault I=7: must be a local device index in [0, 1)"),
+      ("--fault=1:0:99", "--fault PHASE=99: AllGather1D_TilingCD_RotatingA has barriers 0..1"),
+      ("--fault=1:x", "--fault must be P:I or P:I:PHASE (integers), got '1:x'"),
+      ("--timeout=nan", "--timeout must be a number of seconds in (0, 1e+06], got nan"),
+      ("--timeout=0", "--timeout must be a number of seconds in (0, 1e+06], got 0.0"),
+      ("--timeout=-1", "--timeout must be a number of seconds in (0, 1e+06], got -1.0"),
+      ("--iterations=0", "--iterations must be >= 1, got 0"),
+      ("--tp=0", "--tp=0 must be >= 1 and divide the 2 devices"),
+      ("--m=0", "--m must be >= 1, got 0"),
+      ("--k=-3", "--k must be >= 1, got -3"),
+      ("--seed=-1", "--seed must be in [0, 2**31), got -1"),
+  )
+  def test_bad_flag_is_a_usage_error(self, flag, message):
+    rc, out, _ = launch("--num-processes=2", f"--checks={SCHEDULES[0]}", "--iterations=1", flag)
+    self.assertEqual(rc, 2, out[-4000:])
+    self.assertIn(f"error: {message}", out)
+    self.assertNotIn("Launching", out)
+
+
+# A 2-process job (1 CPU device each) for SetupTest: process 0 calls initialize_multiprocess()
+# (again after a failure, in mode "late") and prints a JDG_SETUP record; process 1 never calls it
+# ("absent"), answers only the key-value exchange and never starts its backend ("no_backend"),
+# or calls it once process 0's first attempt has failed ("late").
+_SETUP_WORKER = r"""
+import json, os, sys, time
+import jax
+mode, me, coordinator = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+jax.config.update("jax_num_cpu_devices", 1)
+jax.distributed.initialize(coordinator, num_processes=2, process_id=me, initialization_timeout=60)
+from jax._src import distributed
+import jax_distgemm as jd
+from jax_distgemm._src import multiprocess
+client = distributed.global_state.client
+if me == 1:
+  if mode == "no_backend":
+    client.key_value_set(multiprocess._KEY + "/host/1", "elsewhere")
+  if mode == "late":
+    client.blocking_key_value_get("setup_test/retry", 60_000)
+    jd.initialize_multiprocess(timeout_s=60)
+    print("JDG_SETUP", json.dumps({"process": 1, "token": multiprocess.state().token}), flush=True)
+  client.blocking_key_value_get("setup_test/done", 60_000)
+  os._exit(0)
+attempts = []
+for timeout_s in (1, 60) if mode == "late" else (2,):
+  start, error = time.monotonic(), None
+  try:
+    jd.initialize_multiprocess(timeout_s=timeout_s)
+  except RuntimeError as e:
+    error = str(e)
+  attempts.append({"timeout_s": timeout_s, "elapsed_s": time.monotonic() - start, "error": error})
+  if error is None:
+    break
+  client.key_value_set("setup_test/retry", "1")
+state = multiprocess.state()
+print("JDG_SETUP", json.dumps({"process": 0, "attempts": attempts, "token": state and state.token}),
+      flush=True)
+client.key_value_set("setup_test/done", "1")
+time.sleep(1)  # process 1 leaves first: this one hosts the coordinator
+os._exit(0)
+"""
+
+
+class SetupTest(parameterized.TestCase):
 
   def test_initialize_multiprocess_needs_jax_distributed(self):
     with self.assertRaisesRegex(RuntimeError, re.escape("call jax.distributed.initialize() first")):
       jd.initialize_multiprocess()
+
+  @parameterized.parameters(float("nan"), float("inf"), -float("inf"), 0, -1, 0.0, 1e30)
+  def test_initialize_multiprocess_rejects_a_bad_timeout(self, timeout_s):
+    with self.assertRaisesRegex(ValueError, r"initialize_multiprocess: timeout_s: must be "):
+      jd.initialize_multiprocess(timeout_s=timeout_s)
+
+  @parameterized.parameters((True,), ("60",), (None,), ([60],))
+  def test_initialize_multiprocess_rejects_a_timeout_of_another_type(self, timeout_s):
+    with self.assertRaisesRegex(TypeError, r"initialize_multiprocess: timeout_s: must be a number "
+                                r"of seconds, got "):
+      jd.initialize_multiprocess(timeout_s=timeout_s)
+
+  @parameterized.parameters(1e-6, 1, 2147483.647)
+  def test_initialize_multiprocess_accepts_a_timeout_in_range(self, timeout_s):
+    # Past the check: the next requirement is jax.distributed.
+    with self.assertRaisesRegex(RuntimeError, re.escape("call jax.distributed.initialize() first")):
+      jd.initialize_multiprocess(timeout_s=timeout_s)
+
+  def run_setup_job(self, mode):
+    """Runs _SETUP_WORKER's 2 processes; process 0's JDG_SETUP record (and process 1's)."""
+    coordinator = f"127.0.0.1:{_launcher.free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONSAFEPATH="1")
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, "-c", _SETUP_WORKER, mode, str(i), coordinator],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for i in range(2)]
+    outs = []
+    for p in procs:
+      try:
+        outs.append(p.communicate(timeout=60)[0])  # the old unbounded wait was 2 min
+      except subprocess.TimeoutExpired:
+        for q in procs:
+          if q.poll() is None:
+            os.killpg(q.pid, 9)
+        outs.append(p.communicate()[0])
+        self.fail(f"mode {mode}: the setup job hung:\n" + "\n".join(outs)[-4000:])
+    found = {}
+    for line in "\n".join(outs).splitlines():
+      if line.startswith("JDG_SETUP "):
+        record = json.loads(line[len("JDG_SETUP "):])
+        found[record["process"]] = record
+    self.assertIn(0, found, "\n".join(outs)[-4000:])
+    return found
+
+  @parameterized.parameters(
+      ("absent", "could not agree on the job token with the other processes within 2 s "
+       "(does every process call initialize_multiprocess()?): DEADLINE_EXCEEDED"),
+      ("no_backend", "process 0 of 2: JAX's backend did not start within 2 s (its start waits "
+       "for every process of the job"))
+  def test_initialize_multiprocess_bounds_its_wait_for_a_missing_process(self, mode, message):
+    # Every step, the start of JAX's backend too (an exchange with every process, which JAX
+    # bounds only by 2 min), is bounded by timeout_s.
+    (attempt,) = self.run_setup_job(mode)[0]["attempts"]
+    self.assertIsNotNone(attempt["error"], attempt)
+    self.assertIn("jax_distgemm.initialize_multiprocess: ", attempt["error"])
+    self.assertIn(message, attempt["error"])
+    self.assertGreaterEqual(attempt["elapsed_s"], 2 * 0.9)
+    self.assertLess(attempt["elapsed_s"], 15.0)
+
+  def test_initialize_multiprocess_retried_meets_a_late_process(self):
+    found = self.run_setup_job("late")
+    first, second = found[0]["attempts"]
+    self.assertIn("within 1 s", first["error"] or "", first)
+    self.assertIsNone(second["error"], second)
+    self.assertIn(1, found)
+    self.assertEqual(found[0]["token"], found[1]["token"])  # the nonce of the first attempt
 
 
 class StaleSweepTest(absltest.TestCase):

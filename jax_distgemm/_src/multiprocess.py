@@ -28,13 +28,18 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import math
+import numbers
 import os
 import secrets
 import socket
+import threading
+import time
 
 import jax
 
 from jax_distgemm import ffi as ffi_modules
+from jax_distgemm._src import config
 
 _KEY = "jax_distgemm/multiprocess/v1"
 
@@ -63,13 +68,75 @@ def _host_identity() -> str:
   return f"{socket.gethostname()}|{boot}"
 
 
-def _distributed_client():
+def _distributed_state():
+  """(client, coordinator address, process index, process count) of jax.distributed, read from
+  its global state: jax.process_index() would start the backend, which waits for every process
+  (up to JAX's own 2 min) outside any bound of ours."""
   try:
     from jax._src import distributed  # pylint: disable=g-import-not-at-top
   except ImportError:  # pragma: no cover - very old or very new jax
-    return None, None
+    return None, None, None, None
   gs = distributed.global_state
-  return gs.client, getattr(gs, "coordinator_address", None)
+  return (gs.client, getattr(gs, "coordinator_address", None), getattr(gs, "process_id", None),
+          getattr(gs, "num_processes", None))
+
+
+def _check_timeout_s(timeout_s) -> int:
+  """`timeout_s` (a finite number of seconds > 0, at most config.MAX_TIMEOUT_MS ms) in whole
+  ms (>= 1)."""
+  what = "jax_distgemm.initialize_multiprocess: timeout_s"
+  if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+    raise TypeError(f"{what}: must be a number of seconds, got {timeout_s!r} "
+                    f"({type(timeout_s).__name__})")
+  seconds = float(timeout_s)
+  if not (math.isfinite(seconds) and seconds > 0):
+    raise ValueError(f"{what}: must be a finite number of seconds > 0, got {timeout_s!r}")
+  if seconds * 1000 > config.MAX_TIMEOUT_MS:
+    raise ValueError(f"{what}: must be at most {config.MAX_TIMEOUT_MS / 1000} s (~24.8 days), "
+                     f"got {timeout_s!r}")
+  return max(1, math.ceil(seconds * 1000))
+
+
+_backend_start: tuple[threading.Thread, list] | None = None
+
+
+def _start_backend(timeout_s: float, where: str) -> None:
+  """Starts JAX's backends within `timeout_s`: their start is itself an exchange with every
+  process (XLA's local topologies), which waits up to JAX's own 2 min for a missing one.  It
+  runs on a thread that a retry joins again."""
+  global _backend_start
+  if _backend_start is None:
+    failure: list = []
+
+    def start():
+      try:
+        jax.devices()
+      except BaseException as e:  # noqa: BLE001  (re-raised by the caller)
+        failure.append(e)
+
+    thread = threading.Thread(target=start, name="jax_distgemm backend start", daemon=True)
+    thread.start()
+    _backend_start = (thread, failure)
+  thread, failure = _backend_start
+  thread.join(timeout_s)
+  if thread.is_alive():
+    raise RuntimeError(
+        f"jax_distgemm.initialize_multiprocess: {where}: JAX's backend did not start within "
+        f"{timeout_s} s (its start waits for every process of the job: did one stop or exit "
+        "before its first JAX call?)")
+  if failure:
+    _backend_start = None  # a later call tries again
+    raise RuntimeError(f"jax_distgemm.initialize_multiprocess: {where}: starting JAX's backend "
+                       f"failed: {failure[0]}") from failure[0]
+
+
+def _exchange(client, key: str, mine: str, me: int, n: int, timeout_ms: int) -> tuple[str, ...]:
+  """Every process's value under `key` (this one's is `mine`), all within `timeout_ms`; set
+  with allow_overwrite, so a call retried after a timeout meets the others again."""
+  client.key_value_set(f"{key}/{me}", mine, allow_overwrite=True)
+  deadline = time.monotonic() + timeout_ms / 1000
+  left_ms = lambda: max(1, math.ceil((deadline - time.monotonic()) * 1000))
+  return tuple(client.blocking_key_value_get(f"{key}/{p}", left_ms()) for p in range(n))
 
 
 def initialize_multiprocess(timeout_s: float = 60.0) -> None:
@@ -77,35 +144,47 @@ def initialize_multiprocess(timeout_s: float = 60.0) -> None:
 
   Call it in every process after `jax.distributed.initialize()` and before the first
   distgemm call is lowered; all processes must call it (it waits for the others, at most
-  `timeout_s` seconds per step).  Calling it again in the same job does nothing.
+  `timeout_s` seconds per step: the job token and hosts, the start of JAX's backend, the final
+  meeting).  Calling it again in the same job does nothing; calling it again after a timeout
+  meets the processes that arrive late.
 
   Raises:
+    TypeError, ValueError: `timeout_s` is not a finite number of seconds in (0, ~24.8 days].
     RuntimeError: jax.distributed is not initialized, or the other processes did not answer
       within `timeout_s`.
   """
   global _state, _client_used, _atexit_registered
-  client, coordinator = _distributed_client()
+  timeout_ms = _check_timeout_s(timeout_s)
+  client, coordinator, me, n = _distributed_state()
   if client is None:
     raise RuntimeError(
         "jax_distgemm.initialize_multiprocess: call jax.distributed.initialize() first (the "
         "processes agree on shared-memory names through its key-value store)")
   if _state is not None and client is _client_used:
     return
-  timeout_ms = max(1, int(timeout_s * 1000))
-  me, n = jax.process_index(), jax.process_count()
+  if me is None or n is None:  # pragma: no cover - a jax without them: ask the backend
+    _start_backend(timeout_s, "this process")
+    me, n = jax.process_index(), jax.process_count()
   try:
     if me == 0:
-      client.key_value_set(f"{_KEY}/nonce", secrets.token_hex(8))
+      try:
+        client.key_value_set(f"{_KEY}/nonce", secrets.token_hex(8))
+      except Exception as e:  # noqa: BLE001
+        if "ALREADY_EXISTS" not in str(e):  # a retry: keep the nonce the others may hold
+          raise
     nonce = client.blocking_key_value_get(f"{_KEY}/nonce", timeout_ms)
-    client.key_value_set(f"{_KEY}/host/{me}", _host_identity())
-    hosts = tuple(client.blocking_key_value_get(f"{_KEY}/host/{p}", timeout_ms)
-                  for p in range(n))
+    hosts = _exchange(client, f"{_KEY}/host", _host_identity(), me, n, timeout_ms)
   except Exception as e:  # the client raises XlaRuntimeError (DEADLINE_EXCEEDED, ...)
     raise RuntimeError(
         f"jax_distgemm.initialize_multiprocess: process {me} of {n} could not agree on the job "
         f"token with the other processes within {timeout_s} s (does every process call "
         f"initialize_multiprocess()?): {e}") from e
   token = hashlib.sha256(f"{coordinator}|{nonce}".encode()).hexdigest()[:16]
+  _start_backend(timeout_s, f"process {me} of {n}")
+  if (jax.process_index(), jax.process_count()) != (me, n):
+    raise RuntimeError(
+        f"jax_distgemm.initialize_multiprocess: jax.distributed says process {me} of {n}, the "
+        f"backend says {jax.process_index()} of {jax.process_count()}")
 
   ffi_modules.module_for("cpu").sweep_stale_shm_segments()  # before any token: not this job's
   from jax_distgemm._src import primitives  # pylint: disable=g-import-not-at-top
@@ -121,8 +200,8 @@ def initialize_multiprocess(timeout_s: float = 60.0) -> None:
   if not _atexit_registered:
     atexit.register(release)
     _atexit_registered = True
-  try:
-    client.wait_at_barrier(f"{_KEY}/ready", timeout_ms)
+  try:  # a barrier of key-value pairs: wait_at_barrier cannot be retried after a timeout
+    _exchange(client, f"{_KEY}/ready", token, me, n, timeout_ms)
   except Exception as e:
     raise RuntimeError(
         f"jax_distgemm.initialize_multiprocess: process {me} of {n}: not every process "
