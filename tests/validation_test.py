@@ -172,6 +172,10 @@ class ValidationTest(absltest.TestCase):
       with self.assertRaisesMsg(ValueError, "implementation='ffi': axis_name 'tp' is bound by "
                                 "jax.vmap, not by jax.shard_map"):
         wrap(f("ffi"))(x, w)
+      with mock.patch.dict(os.environ, {"JAX_DISTGEMM_IMPLEMENTATION": "ffi"}):
+        with self.assertRaisesMsg(ValueError, "implementation='ffi': axis_name 'tp' is bound "
+                                  "by jax.vmap"):  # the escape hatch is an explicit choice
+          wrap(f(None))(x, w)
       got = wrap(f(None))(x, w)
       np.testing.assert_array_equal(got, wrap(f("xla"))(x, w))
       want = np.concatenate(list(np.asarray(x)), 0) @ np.asarray(w[1])

@@ -38,9 +38,11 @@
 # builds from source here (needs CUTLASS headers: pip's nvidia-cutlass or .carry/cutlass_include).
 # Fails if the GPU tests skip on a machine that has two Hopper GPUs.
 set -euo pipefail
+CALLER_PWD=$PWD
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu_out}
+case "$OUT" in /*) ;; *) OUT=$CALLER_PWD/$OUT ;; esac  # the script changes directory below
 mkdir -p "$OUT"
 MODE=all
 case "${1:-}" in

@@ -241,13 +241,13 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
         "leaves free (axis_names=...); the ops run per shard of its manual axes: make the "
         "shard_map manual over those axes too, or give them AxisType.Auto")
   if vmapped := validation.vmap_bound_axes(axis_name, x, w, c):
-    if implementation == "ffi":
+    if (implementation or config.forced_implementation()) == "ffi":  # the env var counts too
       raise ValueError(
           f"implementation='ffi': axis_name {vmapped[0]!r} is bound by jax.vmap, not by "
           "jax.shard_map; the fused call runs between the devices of a mesh (use "
           "implementation='xla', or None, which runs the XLA ring under vmap)")
-    if implementation is None:  # the ring's collectives have vmap rules; the custom call not
-      implementation = "xla"
+    if implementation is None and config.forced_implementation() is None:
+      implementation = "xla"  # the ring's collectives have vmap rules; the custom call not
   params = autodiff.Params(schedule=schedule, axis_name=axis_name, tp=tp, alpha=float(alpha),
                            beta=float(beta), out_dtype=out_dtype, implementation=implementation,
                            timeout_ms=int(timeout_ms), with_operand=return_gathered)
