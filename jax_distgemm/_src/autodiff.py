@@ -143,6 +143,17 @@ def _reduce_scatter(a, params: Params, dim: int, dtype):
                               tiled=True).astype(dtype)
 
 
+def _eager_shard_map(*arrays) -> bool:
+  """Whether the arrays are traced by an eager (un-jitted) shard_map, below any autodiff
+  tracers (their `primal`s)."""
+  for a in arrays:
+    while isinstance(a, jax.core.Tracer) and hasattr(a, "primal"):
+      a = a.primal
+    if isinstance(a, jax.core.Tracer) and type(a).__name__ == "ShardMapTracer":
+      return True
+  return False
+
+
 def differentiable(run: Callable, resolve: Callable) -> Callable:
   """Builds matmul(x, w, c, params) with the custom VJP above.
 
@@ -192,13 +203,27 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
         dw = dw + _reduce_scatter(g_op, params, w.ndim - 1, w.dtype)
     return dx, dw, dc
 
+  # NOTE: JAX has no symbolic_zeros custom_vjp under an eager (un-jitted) shard_map
+  # ("custom_vjp symbolic_zeros support with shard_map is not implemented", jax 0.11-0.12).
+  # There the same rule runs with dense cotangents: an unused gathered operand then costs a
+  # reduce-scatter of zeros, in eager mode only.
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+  def matmul_with_operand_dense(x, w, c, params: Params):
+    return run(x, w, c, params, resolve(x, w, params))
+
+  def fwd_with_operand_dense(x, w, c, params):
+    return matmul_with_operand_dense(x, w, c, params), residuals(x, w, c)
+
+  def with_operand_op(*arrays):
+    return matmul_with_operand_dense if _eager_shard_map(*arrays) else matmul_with_operand
+
   def dual(a, b, params: Params, schedule: Schedule, out_dtype, *, with_operand: bool):
     """The dual fused op; with_operand: also return the operand it gathers."""
     p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=jnp.dtype(out_dtype),
                             with_operand=with_operand)
     # Through the custom_vjp itself, so that the backward is differentiable again.
     if with_operand:
-      return matmul_with_operand(a, b, None, p)
+      return with_operand_op(a, b)(a, b, None, p)
     return matmul(a, b, None, p), None
 
   def bwd(params: Params, res, g):
@@ -234,8 +259,10 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
 
   matmul.defvjp(fwd, bwd)
   matmul_with_operand.defvjp(fwd_with_operand, bwd_with_operand, symbolic_zeros=True)
+  matmul_with_operand_dense.defvjp(fwd_with_operand_dense, bwd_with_operand)
 
   def call(x, w, c, params: Params):
-    return (matmul_with_operand if params.with_operand else matmul)(x, w, c, params)
+    op = with_operand_op(x, w) if params.with_operand else matmul
+    return op(x, w, c, params)
 
   return call
