@@ -327,6 +327,43 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)
 
+  @parameterized.product(schedule=(AG_A, AG_B))
+  def test_vmap_grad_with_a_shared_gathered_operand(self, schedule):
+    # vmap inside shard_map over the operand the call does NOT gather: the gathered result is
+    # then shared by the examples.  The custom VJP ran per example on its whole cotangent and
+    # the sum counted it once per example (jax 0.11.2: a wrong dw, 3x that term; jax 0.12:
+    # JAX's "shared across the batch" error).  Compared with plain jax.grad of the math.
+    tp, vb = 2, 3
+    mesh = test_util.mesh_1d(tp)
+    x_spec, w_spec, _ = test_util.specs(schedule, 0)
+    x, w, _ = test_util.random_inputs(self.seed(0), (vb, M, K), (K, N), jnp.float32)
+    if schedule == AG_A:  # gathers x: vmap over w
+      x, w = x[0], jnp.stack([w, 2 * w, -w])
+      in_axes, specs = (None, 0), (x_spec, P(None, *w_spec))
+    else:  # gathers w: vmap over x
+      in_axes, specs = (0, None), (P(None, *x_spec), w_spec)
+
+    def loss(impl):
+      def op(a, b):
+        if impl == "math":
+          g = jax.lax.all_gather(a if schedule == AG_A else b, "tp",
+                                 axis=0 if schedule == AG_A else 1, tiled=True)
+          out = g @ b if schedule == AG_A else a @ g
+        else:
+          out, g = call_public_api(schedule, a, b, None, axis_name="tp", implementation=impl,
+                                   return_gathered=True)
+        return jnp.sum(jnp.sin(out)) + jnp.sum(g ** 2)
+      body = lambda a, b: jax.vmap(op, in_axes=in_axes)(a, b)[None]
+      sm = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("tp"))
+      return lambda a, b: jnp.sum(sm(a, b))
+
+    place = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
+    args = (place(x, specs[0]), place(w, specs[1]))
+    want = jax.jit(jax.grad(loss("math"), (0, 1)))(*args)
+    got = jax.jit(jax.grad(loss(self.IMPLEMENTATION), (0, 1)))(*args)
+    for g, r, what in zip(got, want, ("dx", "dw")):
+      self.assertLess(test_util.rel_err(g, np.asarray(r)), 1e-5, what)
+
   @parameterized.product(schedule=SCHEDULES, in_axes=((0, 0), (None, 0), (0, None)))
   def test_vmap_of_batched_x_and_2d_w(self, schedule, in_axes):
     # Per shard x [B, m, K] and a 2-D w, vmapped around the jitted shard_map: a mapped w

@@ -260,6 +260,11 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   if x.shape[-1] == 0 or 0 in output_shape(schedule, x.shape, w.shape, tp):
     out = _empty_contraction(x, w, c, params)
     return (out, _gathered_without_gemm(x, w, params)) if return_gathered else out
+  if vmapped:
+    # NOTE: no custom VJP here: JAX traces a custom_vjp's backward outside the vmap that binds
+    # the axis ("unbound axis name" in jax.grad); the ring and the reference are plain JAX,
+    # differentiated by JAX itself.
+    return _run(x, w, c, params, params.implementation or config.forced_implementation())
   return _matmul(x, w, c, params)
 
 

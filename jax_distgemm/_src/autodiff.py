@@ -154,6 +154,24 @@ def _eager_shard_map(*arrays) -> bool:
   return False
 
 
+def _batched_like(op, *others):
+  """`op` (the operand the call gathers), batched under every jax.vmap that batches one of
+  `others`; its values untouched (a select, so no NaN of theirs leaks in).
+
+  NOTE: under vmap, an unbatched gathered operand makes the gathered result an output shared
+  across the batch; a custom_vjp's bwd then runs per example on that output's whole cotangent,
+  and the sum over examples counts it once per example.  jax 0.11.2 returned that wrong
+  gradient (3x for 3 examples); jax 0.12 refuses it.  Batched, the result's cotangent is per
+  example, and the broadcast back to `op` sums it once.
+  """
+  deps = [o for o in others if o is not None and isinstance(o, jax.core.Tracer)
+          and hasattr(o, "batch_dim") and o.size]
+  for d in deps:
+    probe = jax.lax.stop_gradient(d.reshape(-1)[:1].reshape(())).astype(op.dtype)
+    op = jnp.where(True, op, probe)
+  return op
+
+
 def differentiable(run: Callable, resolve: Callable) -> Callable:
   """Builds matmul(x, w, c, params) with the custom VJP above.
 
@@ -262,7 +280,12 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
   matmul_with_operand_dense.defvjp(fwd_with_operand_dense, bwd_with_operand)
 
   def call(x, w, c, params: Params):
-    op = with_operand_op(x, w) if params.with_operand else matmul
-    return op(x, w, c, params)
+    if not params.with_operand:
+      return matmul(x, w, c, params)
+    if params.schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+      x = _batched_like(x, w, c)
+    else:
+      w = _batched_like(w, x, c)
+    return with_operand_op(x, w)(x, w, c, params)
 
   return call
