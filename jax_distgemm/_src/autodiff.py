@@ -250,6 +250,8 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
     alpha, w_batched = params.alpha, w.ndim > 2
     rows = x.ndim - 2
     dc = None if c_token is None else (params.beta * g.astype(jnp.float32)).astype(c_token.dtype)
+    # NOTE: fp16 x with an fp32 out: a cotangent above 65504 overflows here (docs/design.md,
+    # "Autodiff"); bf16 is safe.
     g = g.astype(x.dtype)
     s = params.schedule
     if s == Schedule.AllGather1D_TilingCD_RotatingA:
