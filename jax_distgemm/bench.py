@@ -365,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
       meta["tuning_error"] = str(e)
       errors.append(f"--tuning-file: {e}")
     else:
-      print(f"--tuning-file: saved {meta['tuning_saved']} choice(s) of this run to "
-            f"{args.tuning_file}, kept {meta['tuning_kept']} other(s) from the file")
+      print(f"--tuning-file: saved {meta['tuning_saved']} choice(s) this process holds "
+            f"(loaded from the file or tuned here) to {args.tuning_file}, kept "
+            f"{meta['tuning_kept']} other(s) from the file")
   for c in meta["copy_streams"]:
     print(runtime.describe_copy_stream(c))
   if args.json:
