@@ -327,6 +327,29 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)
 
+  @parameterized.product(schedule=SCHEDULES)
+  def test_fp16_grads_with_an_fp32_output_and_a_large_cotangent(self, schedule):
+    # d loss / d out = 1e5 (a loss scale): above fp16's 65504, so the backward's cast of the
+    # fp32 cotangent to fp16 made it inf and every dx, dw NaN, although they fit fp16.
+    tp = 2
+    mesh = test_util.mesh_1d(tp)
+    x_spec, w_spec, out_spec = test_util.specs(schedule, 0)
+    x, w, _ = test_util.random_inputs(self.seed(0), (M, K), (K, N), jnp.float16)
+    x, w = x * 1e-2, w * 1e-2
+    f = jax.shard_map(lambda a, b: call_public_api(schedule, a, b, None, axis_name="tp",
+                                                   out_dtype=jnp.float32,
+                                                   implementation=self.IMPLEMENTATION),
+                      mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
+    r = jnp.cos(jnp.arange(M * N, dtype=jnp.float32)).reshape(M, N)
+    place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+    got = jax.jit(jax.grad(lambda a, b: 1e5 * jnp.sum(f(a, b) * r), (0, 1)))(
+        place(x, x_spec), place(w, w_spec))
+    want = jax.grad(lambda a, b: 1e5 * jnp.sum(
+        jnp.matmul(a, b, preferred_element_type=jnp.float32) * r), (0, 1))(x, w)
+    for g, ref, what in zip(got, want, ("dx", "dw")):
+      self.assertTrue(bool(jnp.isfinite(g).all()), what)
+      self.assertLess(test_util.rel_err(g, np.asarray(ref, np.float64)), 2e-3, what)
+
   @parameterized.product(schedule=(AG_A, AG_B))
   def test_vmap_grad_with_a_shared_gathered_operand(self, schedule):
     # vmap inside shard_map over the operand the call does NOT gather: the gathered result is

@@ -412,6 +412,25 @@ class GradientTest(parameterized.TestCase):
                       c["reduce-scatter"]), (2, 1, 1, 0), c)
 
   @parameterized.parameters(*Schedule)
+  def test_fp16_grads_with_an_fp32_output_and_a_large_cotangent_auto(self, schedule):
+    # The jit-level VJP cast the fp32 cotangent (1e5 here) to fp16: inf, then NaN gradients.
+    mesh = mesh_2x4()
+    x_spec, w_spec, out_spec = layout(schedule, data=True)
+    x, w, _ = test_util.random_inputs(0, (B, M, K), (K, N), jnp.float16)
+    x, w = x * 1e-2, w * 1e-2
+    xd = jax.device_put(x, NamedSharding(mesh, x_spec))
+    wd = jax.device_put(w, NamedSharding(mesh, w_spec))
+    f = lambda a, b: 1e5 * jnp.sum(jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, out_spec), out_dtype=jnp.float32,
+        implementation="ffi"))
+    got = jax.jit(jax.grad(f, (0, 1)), out_shardings=(xd.sharding, wd.sharding))(xd, wd)
+    want = jax.grad(lambda a, b: 1e5 * jnp.sum(jnp.matmul(
+        a, b, preferred_element_type=jnp.float32)), (0, 1))(x, w)
+    for g, ref in zip(got, want):
+      self.assertTrue(bool(jnp.isfinite(g).all()))
+      self.assertLess(test_util.rel_err(g, np.asarray(ref, np.float64)), 2e-3)
+
+  @parameterized.parameters(*Schedule)
   def test_eager_grads_take_the_shard_map_path(self, schedule):
     # jax.grad without jit: the autodiff tracers' primals are concrete arrays whose shardings
     # pick the plan, so the gradients come from the shard_map VJP, in their primals' layouts

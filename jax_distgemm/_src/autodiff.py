@@ -35,7 +35,8 @@ The gathered operand is also a public result (return_gathered=True, AllGather sc
 cotangent, if any, joins the operand's gradient through a reduce-scatter (AG's transpose).
 
 Cotangents are cast to the operands' dtype before the backward GEMMs (as a bf16 training step
-does); every GEMM accumulates in fp32.  Forward mode (jax.jvp) is not defined: custom_vjp.
+does), an fp32 cotangent of fp16 operands first scaled into fp16's range (scale_cotangent);
+every GEMM accumulates in fp32.  Forward mode (jax.jvp) is not defined: custom_vjp.
 """
 
 from __future__ import annotations
@@ -126,6 +127,25 @@ def _weight_grad(lhs_t, rhs, alpha: float, w_batched: bool, dtype):
 def _input_grad(g, w_t, alpha: float, dtype):
   acc = matmul_f32(g, w_t)
   return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
+
+
+_F16_LIMIT = 2.0 ** 14  # a scaled fp16 cotangent's largest magnitude (fp16 max: 65504)
+
+
+def scale_cotangent(g, dtype, amax):
+  """(g in `dtype`, s): g * s, s a power of two <= 1 from `amax` (max |g| over whatever the
+  GEMMs that read g combine) so that an fp32 cotangent of a call with fp16 operands cannot
+  overflow fp16 (inf, then NaN gradients); s is None, g only cast, for every other pair.
+  NOTE: every rank of a fused op must use the same s: `amax` is pmax'd over the TP group."""
+  if not (g.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.float16):
+    return g.astype(dtype), None
+  amax = jax.lax.stop_gradient(amax)
+  s = jnp.where(amax > _F16_LIMIT, jnp.exp2(jnp.floor(jnp.log2(_F16_LIMIT / amax))), 1.0)
+  return (g * s).astype(dtype), s
+
+
+def unscale(a, s):
+  return a if s is None else (a.astype(jnp.float32) / s).astype(a.dtype)
 
 
 def zeros_varying_like(a, shape=None, dtype=None):
@@ -250,9 +270,12 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
     alpha, w_batched = params.alpha, w.ndim > 2
     rows = x.ndim - 2
     dc = None if c_token is None else (params.beta * g.astype(jnp.float32)).astype(c_token.dtype)
-    # NOTE: fp16 x with an fp32 out: a cotangent above 65504 overflows here (docs/design.md,
-    # "Autodiff"); bf16 is safe.
-    g = g.astype(x.dtype)
+    # fp16 x with an fp32 out: g scaled by a power of two agreed over the group (s), every
+    # product of it unscaled below; bf16 and same-dtype calls are only cast.
+    amax = None
+    if g.dtype == jnp.float32 and x.dtype == jnp.float16:
+      amax = jax.lax.pmax(jnp.max(jnp.abs(jax.lax.stop_gradient(g))), _axis(params))
+    g, sc = scale_cotangent(g, x.dtype, amax)
     s = params.schedule
     if s == Schedule.AllGather1D_TilingCD_RotatingA:
       # out [B, M, N/TP] = AG_rows(x) @ w.
@@ -275,7 +298,7 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
       dw, g_all = dual(xt, gf, params, op.backward, w.dtype, with_operand=True)
       g_all = g_all.reshape(g.shape[:-1] + (g_all.shape[-1],))  # unfold B
       dx = _input_grad(g_all, _t(w), alpha, x.dtype)
-    return dx, dw, dc
+    return unscale(dx, sc), unscale(dw, sc), dc
 
   matmul.defvjp(fwd, bwd)
   matmul_with_operand.defvjp(fwd_with_operand, bwd_with_operand, symbolic_zeros=True)

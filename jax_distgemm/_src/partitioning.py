@@ -49,7 +49,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_distgemm._src import api, primitives, validation
+from jax_distgemm._src import api, autodiff, primitives, validation
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
 
@@ -614,7 +614,9 @@ def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
   its primal: where that is a collective-matmul layout (the dual of the forward's schedule)
   the partitioner emits the fused op, elsewhere the plain dot (XLA's collectives)."""
   x, w = res
-  g = g.astype(x.dtype)
+  # fp16 x with an fp32 out: a global power-of-two scale keeps g within fp16 (autodiff.py).
+  amax = jnp.max(jnp.abs(g)) if g.dtype == jnp.float32 and x.dtype == jnp.float16 else None
+  g, sc = autodiff.scale_cotangent(g, x.dtype, amax)
   t = lambda a: jnp.swapaxes(a, -1, -2)
 
   def op(a, b, like, dtype):
@@ -631,7 +633,7 @@ def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
                             out_spec=None, fallback="dot", w_batched=False, with_like=True,
                             fold_rank=x.ndim)
     dw = _auto_weight_grad(x, g, w, c)
-  return dx, dw
+  return autodiff.unscale(dx, sc), autodiff.unscale(dw, sc)
 
 
 _auto_matmul.defvjp(_auto_matmul_fwd, _auto_matmul_bwd)
