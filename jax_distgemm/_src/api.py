@@ -241,13 +241,13 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
         "leaves free (axis_names=...); the ops run per shard of its manual axes: make the "
         "shard_map manual over those axes too, or give them AxisType.Auto")
   if vmapped := validation.vmap_bound_axes(axis_name, x, w, c):
-    if (implementation or config.forced_implementation()) == "ffi":  # the env var counts too
+    implementation = implementation or config.forced_implementation()  # the env var counts too
+    if implementation == "ffi":
       raise ValueError(
           f"implementation='ffi': axis_name {vmapped[0]!r} is bound by jax.vmap, not by "
           "jax.shard_map; the fused call runs between the devices of a mesh (use "
           "implementation='xla', or None, which runs the XLA ring under vmap)")
-    if implementation is None and config.forced_implementation() is None:
-      implementation = "xla"  # the ring's collectives have vmap rules; the custom call not
+    implementation = implementation or "xla"  # the ring's collectives have vmap rules
   params = autodiff.Params(schedule=schedule, axis_name=axis_name, tp=tp, alpha=float(alpha),
                            beta=float(beta), out_dtype=out_dtype, implementation=implementation,
                            timeout_ms=int(timeout_ms), with_operand=return_gathered)
@@ -264,7 +264,7 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     # NOTE: no custom VJP here: JAX traces a custom_vjp's backward outside the vmap that binds
     # the axis ("unbound axis name" in jax.grad); the ring and the reference are plain JAX,
     # differentiated by JAX itself.
-    return _run(x, w, c, params, params.implementation or config.forced_implementation())
+    return _run(x, w, c, params, params.implementation)
   return _matmul(x, w, c, params)
 
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from jax.custom_derivatives import SymbolicZero
 
+from jax_distgemm._src import validation
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
 
@@ -132,14 +133,15 @@ def _input_grad(g, w_t, alpha: float, dtype):
 _F16_LIMIT = 2.0 ** 14  # a scaled fp16 cotangent's largest magnitude (fp16 max: 65504)
 
 
-def scale_cotangent(g, dtype, amax):
-  """(g in `dtype`, s): g * s, s a power of two <= 1 from `amax` (max |g| over whatever the
+def scale_cotangent(g, dtype, combine=lambda amax: amax):
+  """(g in `dtype`, s): g * s, s a power of two <= 1 from max |g| (`combine`d over whatever the
   GEMMs that read g combine) so that an fp32 cotangent of a call with fp16 operands cannot
   overflow fp16 (inf, then NaN gradients); s is None, g only cast, for every other pair.
-  NOTE: every rank of a fused op must use the same s: `amax` is pmax'd over the TP group."""
+  NOTE: every rank of a fused op must use the same s: per shard, `combine` pmaxes over the TP
+  group."""
   if not (g.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.float16):
     return g.astype(dtype), None
-  amax = jax.lax.stop_gradient(amax)
+  amax = combine(jnp.max(jnp.abs(jax.lax.stop_gradient(g))))
   s = jnp.where(amax > _F16_LIMIT, jnp.exp2(jnp.floor(jnp.log2(_F16_LIMIT / amax))), 1.0)
   return (g * s).astype(dtype), s
 
@@ -166,9 +168,7 @@ def _reduce_scatter(a, params: Params, dim: int, dtype):
 def _eager_shard_map(*arrays) -> bool:
   """Whether the arrays are traced by an eager (un-jitted) shard_map, below any autodiff
   tracers (their `primal`s)."""
-  for a in arrays:
-    while isinstance(a, jax.core.Tracer) and hasattr(a, "primal"):
-      a = a.primal
+  for a in map(validation.strip_autodiff, arrays):
     if isinstance(a, jax.core.Tracer) and type(a).__name__ == "ShardMapTracer":
       return True
   return False
@@ -272,10 +272,7 @@ def differentiable(run: Callable, resolve: Callable) -> Callable:
     dc = None if c_token is None else (params.beta * g.astype(jnp.float32)).astype(c_token.dtype)
     # fp16 x with an fp32 out: g scaled by a power of two agreed over the group (s), every
     # product of it unscaled below; bf16 and same-dtype calls are only cast.
-    amax = None
-    if g.dtype == jnp.float32 and x.dtype == jnp.float16:
-      amax = jax.lax.pmax(jnp.max(jnp.abs(jax.lax.stop_gradient(g))), _axis(params))
-    g, sc = scale_cotangent(g, x.dtype, amax)
+    g, sc = scale_cotangent(g, x.dtype, lambda amax: jax.lax.pmax(amax, _axis(params)))
     s = params.schedule
     if s == Schedule.AllGather1D_TilingCD_RotatingA:
       # out [B, M, N/TP] = AG_rows(x) @ w.

@@ -268,10 +268,9 @@ def _is_explicit(a, axis: str) -> bool:
 def _known_spec(a, axis):
   """(spec, mesh) of `a` if its sharding is known at trace time, else None."""
   # NOTE: an eager jax.grad / jvp wraps concrete arrays in autodiff tracers; their primal's
-  # sharding is known (duck-typed on `primal`, which jax's JVP and Linearize tracers keep), so
-  # that case takes the shard_map path like the eager call without autodiff.
-  while isinstance(a, core.Tracer) and hasattr(a, "primal"):
-    a = a.primal
+  # sharding is known, so that case takes the shard_map path like the eager call without
+  # autodiff.
+  a = validation.strip_autodiff(a)
   if not isinstance(a, core.Tracer):
     s = getattr(a, "sharding", None)
     if isinstance(s, NamedSharding):
@@ -393,15 +392,12 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   else:
     known = _known_spec(x, axis), _known_spec(w, axis)
   if known[0] is None or known[1] is None:
-    manual = [a for a, t in zip(jax.sharding.get_abstract_mesh().axis_names,
-                                jax.sharding.get_abstract_mesh().axis_types)
-              if t == jax.sharding.AxisType.Manual]
-    if manual:
+    if manual := validation.manual_axes():
       # NOTE: custom_partitioning inside a shard_map's manual region sees GSPMD shardings
       # with no spec: its partition callback could not apply the table there.
       raise ValueError(
           f"jax_distgemm.collective_matmul: called inside jax.shard_map (manual over "
-          f"{tuple(manual)}) on operands whose sharding is not known at trace time (Auto "
+          f"{manual}) on operands whose sharding is not known at trace time (Auto "
           f"axes); there use the per-shard ops (all_gather_matmul / matmul_reduce_scatter / "
           f"distributed_matmul with axis_name={o.axis!r}), or call collective_matmul outside "
           "the shard_map")
@@ -614,9 +610,9 @@ def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
   its primal: where that is a collective-matmul layout (the dual of the forward's schedule)
   the partitioner emits the fused op, elsewhere the plain dot (XLA's collectives)."""
   x, w = res
-  # fp16 x with an fp32 out: a global power-of-two scale keeps g within fp16 (autodiff.py).
-  amax = jnp.max(jnp.abs(g)) if g.dtype == jnp.float32 and x.dtype == jnp.float16 else None
-  g, sc = autodiff.scale_cotangent(g, x.dtype, amax)
+  # fp16 x with an fp32 out: a global power-of-two scale keeps g within fp16 (autodiff.py;
+  # a global array's max needs no collective of ours).
+  g, sc = autodiff.scale_cotangent(g, x.dtype)
   t = lambda a: jnp.swapaxes(a, -1, -2)
 
   def op(a, b, like, dtype):

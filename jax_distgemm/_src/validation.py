@@ -39,6 +39,20 @@ def axis_size(axis_name: tuple[str, ...]) -> int:
         "call this inside jax.shard_map over a mesh that has that axis") from None
 
 
+def manual_axes() -> tuple[str, ...]:
+  """The axes the enclosing shard_map maps manually (those of the current abstract mesh)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return tuple(a for a, t in zip(mesh.axis_names, mesh.axis_types)
+               if t == jax.sharding.AxisType.Manual)
+
+
+def strip_autodiff(a):
+  """`a` below any autodiff tracers (jax's JVP and Linearize tracers keep it as `primal`)."""
+  while isinstance(a, jax.core.Tracer) and hasattr(a, "primal"):
+    a = a.primal
+  return a
+
+
 def vmap_bound_axes(axis_name: tuple[str, ...], *operands) -> tuple[str, ...]:
   """The names of axis_name that a jax.vmap(axis_name=...) around the call binds, not a
   shard_map's mesh (the FFI call runs between the devices of a mesh; under vmap the "group"
@@ -48,9 +62,7 @@ def vmap_bound_axes(axis_name: tuple[str, ...], *operands) -> tuple[str, ...]:
   `_trace.axis_data.name`; private, hence getattr); a mesh axis that is Manual in the
   current abstract mesh is the shard_map's even when a vmap reuses the name.
   """
-  mesh = jax.sharding.get_abstract_mesh()
-  manual = {a for a, t in zip(mesh.axis_names, mesh.axis_types)
-            if t == jax.sharding.AxisType.Manual}
+  manual = set(manual_axes())
   names = set()
   for a in operands:
     while isinstance(a, jax.core.Tracer) and hasattr(a, "batch_dim"):  # nested vmaps
@@ -73,7 +85,7 @@ def explicit_free_axes(*operands) -> tuple[str, ...]:
   found = []
   for a in operands:
     s = getattr(jax.typeof(a), "sharding", None) if a is not None else None
-    for entry in getattr(getattr(s, "spec", None), "__iter__", lambda: iter(()))():
+    for entry in getattr(s, "spec", None) or ():
       for name in (entry if isinstance(entry, tuple) else (entry,)):
         if types.get(name) == jax.sharding.AxisType.Explicit and name not in found:
           found.append(name)
