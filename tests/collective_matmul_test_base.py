@@ -350,6 +350,33 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
       self.assertTrue(bool(jnp.isfinite(g).all()), what)
       self.assertLess(test_util.rel_err(g, np.asarray(ref, np.float64)), 2e-3, what)
 
+  @parameterized.product(schedule=SCHEDULES)
+  def test_fp16_grads_with_an_fp32_output_and_an_inf_in_the_cotangent(self, schedule):
+    # One inf in d loss / d out: the fp16 scale came from max |g| = inf, so s = 0, and every
+    # dx and dw of every rank was NaN.  Only the rows / columns that meet the inf may be
+    # non-finite, as in the dense gradient; the rest must match it.
+    tp = 2
+    mesh = test_util.mesh_1d(tp)
+    x_spec, w_spec, out_spec = test_util.specs(schedule, 0)
+    x, w, _ = test_util.random_inputs(self.seed(0), (M, K), (K, N), jnp.float16)
+    f = jax.shard_map(lambda a, b: call_public_api(schedule, a, b, None, axis_name="tp",
+                                                   out_dtype=jnp.float32,
+                                                   implementation=self.IMPLEMENTATION),
+                      mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
+    r = np.cos(np.arange(M * N, dtype=np.float32)).reshape(M, N)
+    r[1, 2] = np.inf
+    place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+    got = jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b) * r), (0, 1)))(
+        place(x, x_spec), place(w, w_spec))
+    want = jax.grad(lambda a, b: jnp.sum(
+        jnp.matmul(a, b, preferred_element_type=jnp.float32) * r), (0, 1))(x, w)
+    for g, ref, what in zip(got, want, ("dx", "dw")):
+      g, ref = np.asarray(g, np.float64), np.asarray(ref, np.float64)
+      finite = np.isfinite(ref)
+      self.assertTrue(0 < finite.sum() < finite.size, what)  # the case has both kinds
+      np.testing.assert_array_equal(np.isfinite(g), finite, what)
+      self.assertLess(test_util.rel_err(g[finite], ref[finite]), 2e-3, what)
+
   @parameterized.product(schedule=(AG_A, AG_B))
   def test_vmap_grad_with_a_shared_gathered_operand(self, schedule):
     # vmap inside shard_map over the operand the call does NOT gather: the gathered result is

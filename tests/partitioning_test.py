@@ -431,6 +431,30 @@ class GradientTest(parameterized.TestCase):
       self.assertLess(test_util.rel_err(g, np.asarray(ref, np.float64)), 2e-3)
 
   @parameterized.parameters(*Schedule)
+  def test_fp16_grads_with_an_inf_in_the_cotangent_auto(self, schedule):
+    # An inf in the fp32 cotangent made the scale 0 and every gradient NaN; only the rows and
+    # columns that meet it may be non-finite, as in the dense gradient.
+    mesh = mesh_2x4()
+    x_spec, w_spec, out_spec = layout(schedule, data=True)
+    x, w, _ = test_util.random_inputs(0, (B, M, K), (K, N), jnp.float16)
+    xd = jax.device_put(x, NamedSharding(mesh, x_spec))
+    wd = jax.device_put(w, NamedSharding(mesh, w_spec))
+    r = np.ones((B, M, N), np.float32)
+    r[0, 1, 2] = np.inf
+    f = lambda a, b: jnp.sum(r * jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, out_spec), out_dtype=jnp.float32,
+        implementation="ffi"))
+    got = jax.jit(jax.grad(f, (0, 1)), out_shardings=(xd.sharding, wd.sharding))(xd, wd)
+    want = jax.grad(lambda a, b: jnp.sum(r * jnp.matmul(
+        a, b, preferred_element_type=jnp.float32)), (0, 1))(x, w)
+    for g, ref in zip(got, want):
+      g, ref = np.asarray(g, np.float64), np.asarray(ref, np.float64)
+      finite = np.isfinite(ref)
+      self.assertTrue(0 < finite.sum() < finite.size)
+      np.testing.assert_array_equal(np.isfinite(g), finite)
+      self.assertLess(test_util.rel_err(g[finite], ref[finite]), 2e-3)
+
+  @parameterized.parameters(*Schedule)
   def test_eager_grads_take_the_shard_map_path(self, schedule):
     # jax.grad without jit: the autodiff tracers' primals are concrete arrays whose shardings
     # pick the plan, so the gradients come from the shard_map VJP, in their primals' layouts

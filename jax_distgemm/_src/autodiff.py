@@ -138,10 +138,14 @@ def scale_cotangent(g, dtype, combine=lambda amax: amax):
   GEMMs that read g combine) so that an fp32 cotangent of a call with fp16 operands cannot
   overflow fp16 (inf, then NaN gradients); s is None, g only cast, for every other pair.
   NOTE: every rank of a fused op must use the same s: per shard, `combine` pmaxes over the TP
-  group."""
+  group.  So one large element anywhere in the group scales every rank's cotangent: elements
+  more than ~2^24 times smaller than it underflow fp16 (zero), as in a loss-scaled fp16 step.
+  NOTE: the max is over finite elements: an inf or NaN stays where it is (s = 0 from an inf
+  made every gradient of every rank NaN)."""
   if not (g.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.float16):
     return g.astype(dtype), None
-  amax = combine(jnp.max(jnp.abs(jax.lax.stop_gradient(g))))
+  a = jnp.abs(jax.lax.stop_gradient(g))
+  amax = combine(jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0))
   s = jnp.where(amax > _F16_LIMIT, jnp.exp2(jnp.floor(jnp.log2(_F16_LIMIT / amax))), 1.0)
   return (g * s).astype(dtype), s
 
