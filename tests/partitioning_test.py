@@ -273,6 +273,38 @@ class ExplicitPathTest(parameterized.TestCase):
         self.assertLess(test_util.rel_err(out, ref), 1e-5)
         self.assertEqual(partitioning._trim(out.sharding.spec), P("data", None, "tp"))
 
+  @parameterized.parameters("ffi", None)
+  def test_jit_without_set_mesh_takes_out_shardings_concrete_mesh(self, implementation):
+    # Under jit the operands' mesh is abstract; it won over out_sharding's concrete mesh, so
+    # 'ffi' failed at lowering ("must be lowered inside jax.shard_map over a concrete Mesh")
+    # and None ran the XLA ring (found in a review).
+    mesh = mesh_2x4(axis_types=(AxisType.Explicit,) * 2)
+    x_spec, w_spec, out_spec = layout(AG_A, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    f = lambda a, b: jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, out_spec), implementation=implementation)
+    self.assertLess(test_util.rel_err(jax.jit(f)(xd, wd), test_util.reference_np(x, w)), 1e-5)
+    c = counts(f, xd, wd)
+    self.assertEqual((c["jax_distgemm"], c["collective-permute"]), (1, 0), c)
+
+  def test_jit_with_only_an_abstract_mesh(self):
+    # No concrete mesh anywhere (out_sharding a PartitionSpec, no jax.set_mesh): 'ffi' says how
+    # to give one at trace time; None runs the XLA ring and says why.
+    mesh = mesh_2x4(axis_types=(AxisType.Explicit,) * 2)
+    x_spec, w_spec, out_spec = layout(AG_A, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    f = lambda impl: jax.jit(lambda a, b: jax_distgemm.collective_matmul(
+        a, b, out_sharding=out_spec, implementation=impl))
+    with self.assertRaisesRegex(ValueError, "mesh is abstract.*pass mesh=, an out_sharding "
+                                "NamedSharding, or call under jax.set_mesh"):
+      f("ffi")(xd, wd)
+    config._warned.clear()
+    with self.assertLogs("jax_distgemm", "WARNING") as logs:
+      out = f(None)(xd, wd)
+    self.assertIn("runs the XLA ring", "".join(logs.output))
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+    self.assertEqual(counts(f(None), xd, wd)["jax_distgemm"], 0)
+
 
 class AutoPartitioningTest(parameterized.TestCase):
   """Inside jax.jit with Auto axes: custom_partitioning + Shardy sharding_rule."""

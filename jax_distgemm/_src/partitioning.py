@@ -49,7 +49,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_distgemm._src import api, autodiff, primitives, validation
+from jax_distgemm._src import api, autodiff, config, primitives, validation
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
 
@@ -292,6 +292,41 @@ def _context_mesh():
   return None
 
 
+def _resolve_mesh(*meshes):
+  """The first of `meshes` that is not None, or a concrete mesh of the same axes after it.
+
+  NOTE: under jax.jit the operands of Explicit axes carry an AbstractMesh (names and sizes, no
+  devices), while out_sharding's mesh, or jax.set_mesh's, may be concrete; the fused call
+  needs the TP group's devices (primitives._concrete_mesh), so a concrete one is preferred.
+  """
+  found = [m for m in meshes if m is not None]
+  if not found or not isinstance(found[0], jax.sharding.AbstractMesh):
+    return found[0] if found else None
+  axes = lambda m: (tuple(m.axis_names), tuple(m.axis_sizes))
+  return next((m for m in found[1:] if not isinstance(m, jax.sharding.AbstractMesh)
+               and axes(m) == axes(found[0])), found[0])
+
+
+def _without_devices(o: _Options) -> _Options:
+  """The options of a call whose mesh is abstract (jax.jit on Explicit axes, no concrete mesh
+  anywhere): the fused call cannot name its TP group there, so 'ffi' is refused and None runs
+  the XLA ring, each saying how to give the mesh."""
+  how = ("pass mesh=, an out_sharding NamedSharding, or call under jax.set_mesh(mesh)")
+  chosen = o.implementation or config.forced_implementation()
+  if chosen == "ffi":
+    raise ValueError(
+        "jax_distgemm.collective_matmul: implementation='ffi' under jax.jit on operands whose "
+        "mesh is abstract (Explicit axes carry no devices there), and the fused call needs the "
+        f"TP group's devices: {how}")
+  if chosen is None:
+    config.warn_once(("abstract mesh",),
+                     "jax_distgemm.collective_matmul: implementation=None runs the XLA ring: "
+                     "under jax.jit the operands' mesh is abstract (no devices), and the fused "
+                     "call needs the TP group's devices (%s)", how)
+    return dataclasses.replace(o, implementation="xla")
+  return o
+
+
 def _out_spec_of(out_sharding):
   if out_sharding is None:
     return None, None
@@ -405,7 +440,7 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
     return _auto(x, w, out_spec, out_sharding, fallback, o, mesh or out_mesh)
 
   (x_spec, x_mesh), (w_spec, w_mesh) = known
-  mesh = mesh or x_mesh or w_mesh or out_mesh or _context_mesh()
+  mesh = _resolve_mesh(mesh, x_mesh, w_mesh, out_mesh, _context_mesh())
   if mesh is None:
     why = ("in_specs= names mesh axes but not the mesh" if in_specs is not None else
            "the operands are not sharded with a NamedSharding")
@@ -422,6 +457,8 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
                        "use the plain XLA dot instead)")
     return _explicit_dot(x, w, o, out_spec, mesh) if _is_explicit(x, axis) else _plain_dot(
         x, w, o, None if out_spec is None else NamedSharding(mesh, out_spec))
+  if isinstance(mesh, jax.sharding.AbstractMesh):
+    o = _without_devices(o)
   if all_explicit(mesh):
     # shard_map refuses Explicit operands laid out otherwise than its in_specs (in_specs=
     # given, or a plan that moves an axis); a no-op when they match.
