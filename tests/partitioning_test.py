@@ -122,6 +122,28 @@ class RuleTableTest(parameterized.TestCase):
     self.assertIsNone(p.schedule)
     self.assertIn(message, p.reason)
 
+  def test_fsdp_weight_is_gathered_over_its_other_axes(self):
+    # w's K carries "fsdp", x's does not: the plan lays w out without it (XLA all-gathers w
+    # over "fsdp" first, as FSDP does); the contraction was refused before.
+    p = self.check(P("data", "tp", None), P("fsdp", "tp"), None, AG_A)
+    self.assertEqual(partitioning._trim(p.w_spec), P(None, "tp"))
+    p = self.check(P("data", None, "tp"), P(("fsdp", "tp"), None), None, RS_A)
+    self.assertEqual(partitioning._trim(p.w_spec), P("tp"))
+
+  @parameterized.named_parameters(
+      ("on_n", P(None, None, "tp"), AG_A, P("data", None, "tp")),
+      ("on_m", P(None, "tp", None), AG_B, P("data", "tp")),
+      ("on_batch", P("tp", None, None), AG_A, P("data", None, "tp")),
+      ("not_minor", P(None, ("tp", "data"), None), AG_A, P("data", None, "tp")),
+  )
+  def test_out_hint_only_places_tp(self, hint, schedule, out):
+    # What Shardy propagates back from the result's users says where "tp" goes, at most;
+    # other axes are the plan's (XLA reshards), and an unusable hint gives the default.
+    p = partitioning.plan(P("data", "tp", None), P(None, "tp"), hint, x_ndim=3, w_ndim=2,
+                          out_is_hint=True)
+    self.assertEqual(p.schedule, schedule, p.reason)
+    self.assertEqual(partitioning._trim(p.out_spec), out)
+
   def test_batched_w_must_match_x(self):
     p = partitioning.plan(P("data", "tp", None), P(None, None, "tp"), None, x_ndim=3, w_ndim=3)
     self.assertIsNone(p.schedule)
@@ -377,6 +399,36 @@ class AutoPartitioningTest(parameterized.TestCase):
     self.assertLess(test_util.rel_err(jax.jit(f)(xd, wd), test_util.reference_np(x, w)), 1e-5)
     self.assertEqual(counts(f, xd, wd)["jax_distgemm"], 0)
 
+  @parameterized.product(schedule=tuple(Schedule), shape=((1, 8), (4, 1)))
+  def test_mesh_axes_of_size_one(self, schedule, shape):
+    # Shardy drops axes of size 1 from the shardings it propagates: a requested out_sharding
+    # naming "data" of size 1 never matched (compile error), and with "tp" of size 1 no rule
+    # applied.  Now those axes are ignored, and TP = 1 is a plain dot.
+    mesh = jax.make_mesh(shape, ("data", "tp"), devices=test_util.cpu_devices(np.prod(shape)),
+                         axis_types=(AxisType.Auto,) * 2)
+    x_spec, w_spec, out_spec = layout(schedule, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    f = lambda a, b: jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, out_spec), implementation="ffi")
+    self.assertLess(test_util.rel_err(jax.jit(f)(xd, wd), test_util.reference_np(x, w)), 1e-5)
+    self.assertEqual(counts(f, xd, wd)["jax_distgemm"], 1 if shape[1] > 1 else 0)
+
+  @parameterized.named_parameters(("on_n", P(None, None, "tp")), ("on_batch", P("tp", None, None)),
+                                  ("on_m", P(None, "tp", None)))
+  def test_a_downstream_layout_is_not_a_requirement(self, downstream):
+    # No out_sharding: what Shardy propagated back from a later constraint was taken as the
+    # output's required layout, and any other than the plan's failed the compile.
+    mesh = mesh_2x4()
+    x_spec, w_spec, _ = layout(AG_A, data=True)
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    f = lambda a, b: jax.lax.with_sharding_constraint(
+        jax_distgemm.collective_matmul(a, b, implementation="ffi"),
+        NamedSharding(mesh, downstream))
+    out = jax.jit(f)(xd, wd)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+    self.assertEqual(partitioning._trim(out.sharding.spec), partitioning._trim(downstream))
+    self.assertEqual(counts(f, xd, wd)["jax_distgemm"], 1)
+
   def test_two_ops_get_distinct_rendezvous_keys(self):
     mesh = test_util.mesh_1d(8)
     (x, w), (xd, wd) = put(mesh, P(None, "tp", None), P(None, "tp"))
@@ -390,6 +442,36 @@ class AutoPartitioningTest(parameterized.TestCase):
     ref = test_util.reference_np(x, w)
     self.assertLess(test_util.rel_err(y1, ref), 1e-5)
     self.assertLess(test_util.rel_err(y2, 2 * ref), 1e-5)
+
+
+class FsdpWeightTest(parameterized.TestCase):
+  """A weight sharded over "fsdp" on K as well: XLA gathers it over "fsdp", then the fused op
+  (the contraction was refused: "x and w must be sharded alike")."""
+
+  @parameterized.product(schedule=tuple(Schedule), axis_type=(AxisType.Auto, AxisType.Explicit))
+  def test_forward_and_gradients(self, schedule, axis_type):
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tp"), devices=test_util.cpu_devices(8),
+                         axis_types=(axis_type,) * 3)
+    if schedule.is_all_gather:
+      x_spec, w_spec = P(("data", "fsdp"), "tp", None), P("fsdp", "tp")
+    else:
+      x_spec, w_spec = P(("data", "fsdp"), None, "tp"), P(("fsdp", "tp"), None)
+    out_spec = {AG_A: P(("data", "fsdp"), None, "tp"), AG_B: P(("data", "fsdp"), "tp", None),
+                RS_A: P(("data", "fsdp"), "tp", None), RS_B: P(("data", "fsdp"), None, "tp")}[
+                    schedule]
+    (x, w), (xd, wd) = put(mesh, x_spec, w_spec)
+    f = lambda a, b: jax_distgemm.collective_matmul(
+        a, b, out_sharding=NamedSharding(mesh, out_spec), implementation="ffi")
+    out = jax.jit(f)(xd, wd)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+    c = counts(f, xd, wd)
+    self.assertEqual((c["jax_distgemm"], c["all-gather"]), (1, 1), c)  # w over "fsdp"
+    r = jnp.cos(jnp.arange(B * M * N, dtype=jnp.float32)).reshape(B, M, N)
+    got = jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b) * r), (0, 1)))(xd, wd)
+    want = jax.grad(lambda a, b: jnp.sum(jnp.matmul(a, b) * r), (0, 1))(x, w)
+    for g, ref, primal in zip(got, want, (xd, wd)):
+      self.assertLess(test_util.rel_err(g, np.asarray(ref, np.float64)), 1e-5)
+      self.assertEqual(g.shape, primal.shape)
 
 
 class GradientTest(parameterized.TestCase):

@@ -15,7 +15,8 @@ the dim sharded over the TP axis (the minor axis of that dim's entry, if it has 
 
 Other mesh axes: the batch dims of out take x's (a batched w must be sharded like x there);
 M and N keep the other axes of x's rows and w's columns; the contraction may carry other axes
-only when x and w agree, and those partial sums are then psum'd (an XLA all-reduce).
+when x and w agree, and those partial sums are then psum'd (an XLA all-reduce); axes only w's
+K carries (an FSDP weight) are gathered by XLA first.
 
 How the shardings are known:
   * concrete arrays: their NamedShardings; inside jax.jit with Explicit mesh axes: the traced
@@ -106,7 +107,8 @@ class Plan:
   reason: str = ""
 
 
-def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp") -> Plan:
+def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp",
+         out_is_hint: bool = False) -> Plan:
   """Applies the rule table (module docstring) to PartitionSpecs of the GLOBAL operands.
 
   Args:
@@ -115,6 +117,8 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
       output sharded on N for the AllGather family, on M for the ReduceScatter family).
     x_ndim, w_ndim: ranks of x and w.
     axis: the tensor-parallel mesh axis.
+    out_is_hint: out_spec only says where `axis` should go (M or N; elsewhere or nowhere: the
+      default), not the whole layout: the caller reshards the plan's output.
 
   Returns:
     A Plan; Plan.schedule is None (with Plan.reason) when no schedule applies.
@@ -151,7 +155,7 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
   to = None
   if oe is not None:
     to, err = where(oe, o_names, "out_sharding")
-    if err:
+    if err and not out_is_hint:
       return no(err)
 
   shown = f"x {_spec(xe)}, w {_spec(we)}"
@@ -170,8 +174,16 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
   if w_ndim > 2 and list(we[:nb]) != list(batch):
     return no(f"{shown}: a batched w must be sharded like x on the batch dims")
   xk, wk = xe[-1], we[-2]
+  extra = tuple(a for a in wk if a not in xk)
+  if xk != wk and extra and axis not in extra and tuple(a for a in wk if a in xk) == xk:
+    # An FSDP-sharded weight: w's K carries mesh axes x's does not; XLA gathers w over them
+    # (shard_map's in_specs, or reshard) before the fused op, as FSDP does before a layer.
+    we = we[:-2] + [xk, we[-1]]
+    wk = xk
   if xk != wk:
-    return no(f"{shown}: x and w must be sharded alike on the contraction K")
+    return no(f"{shown}: x and w must be sharded alike on the contraction K, up to mesh "
+              f"axes other than {axis!r} that only w has there (an FSDP weight, gathered by "
+              "XLA first)")
   psum_axes = tuple(a for a in xk if a != axis)
 
   if family == "all_gather":
@@ -183,7 +195,7 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
     candidates = {"M": (RS_A, batch + [xe[-2] + (axis,), we[-1]]),
                   "N": (RS_B, batch + [xe[-2], we[-1] + (axis,)])}
     default = "M"
-  if oe is None:
+  if oe is None or out_is_hint and to not in candidates:
     to = default
   if to not in candidates:
     return no(f"{shown}: the output must be sharded over {axis!r} on M or N, but "
@@ -193,7 +205,7 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
   if len(used) != len(set(used)):
     return no(f"{shown}: the output of {schedule.name} would be sharded as {out}, which uses "
               "a mesh axis twice")
-  if oe is not None and _trim(_spec(oe)) != _trim(_spec(out)):
+  if oe is not None and not out_is_hint and _trim(_spec(oe)) != _trim(_spec(out)):
     return no(f"{shown}: out_sharding {_spec(oe)} asks for {schedule.name} but that gives "
               f"{_spec(out)} (mesh axes other than {axis!r} pass through from x and w)")
   return Plan(schedule, _spec(xe), _spec(we), _spec(out), psum_axes)
@@ -577,22 +589,37 @@ def _fold_partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
   return mesh, dot_fn, named(d.out_spec), (named(d.x_spec), named(d.w_spec), like.sharding)
 
 
+def _without_size_one(spec, mesh, ndim: int, what: str) -> P:
+  """`spec` without the mesh axes of size 1.  NOTE: Shardy drops them from the shardings it
+  propagates, so the operands' specs never name them, while a requested spec may."""
+  return _spec([tuple(a for a in e if mesh.shape.get(a) != 1) for e in _entries(spec, ndim, what)])
+
+
 def _partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
   if cfg.fold_rank:
     return _fold_partition(cfg, mesh, arg_shapes, result_shape)
   o = cfg.options
   xs, ws = arg_shapes[:2]
   x_spec, w_spec = xs.sharding.spec, ws.sharding.spec
-  out_spec = cfg.out_spec
+  nd = len(result_shape.shape)
+  out_spec, hint = cfg.out_spec, False
   if cfg.with_like:
     out_spec = arg_shapes[2].sharding.spec
   elif out_spec is None:
+    # What Shardy propagated back from the result's users: only a hint where "tp" goes (M or
+    # N); XLA reshards the rest, as it would for a plain dot.
     result = result_shape.sharding.spec
-    if any(o.axis in e for e in _entries(result, len(result_shape.shape), "out")):
-      out_spec = result  # else unconstrained (replicated): the table's default
-  p = plan(x_spec, w_spec, out_spec, x_ndim=len(xs.shape), w_ndim=len(ws.shape), axis=o.axis)
+    if any(o.axis in e for e in _entries(result, nd, "out")):
+      out_spec, hint = result, True  # else unconstrained (replicated): the table's default
+  if out_spec is not None:
+    out_spec = _without_size_one(out_spec, mesh, nd, "out_sharding")
   named = lambda s: NamedSharding(mesh, s)
   like = (arg_shapes[2].sharding,) if cfg.with_like else ()
+  if mesh.shape[o.axis] == 1:  # TP = 1 (Shardy dropped "tp" too): nothing to fuse, a dot
+    d = _dot_plan(x_spec, w_spec, len(xs.shape), len(ws.shape))
+    return (mesh, _dot_body(d, o), named(d.out_spec), (named(d.x_spec), named(d.w_spec)) + like)
+  p = plan(x_spec, w_spec, out_spec, x_ndim=len(xs.shape), w_ndim=len(ws.shape), axis=o.axis,
+           out_is_hint=hint)
   if p.schedule is not None:
     body = _fused_body(p, o)
     site = next(_call_sites)
