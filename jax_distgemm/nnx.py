@@ -28,7 +28,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
 from jax.sharding import PartitionSpec as P
 
-from jax_distgemm._src import api, partitioning
+from jax_distgemm._src import api, config, partitioning
 from jax_distgemm._src.schedules import Schedule
 
 default_kernel_init = nnx.initializers.lecun_normal()
@@ -63,6 +63,14 @@ def _sharded_linear(mesh, op, schedule: Schedule, axis: str, x_spec: P, w_spec: 
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec))
 
 
+_DEFAULT_BATCH_AXIS = "data"
+
+
+def _names(batch_axis) -> tuple[str, ...]:
+  return () if batch_axis is None else (batch_axis,) if isinstance(batch_axis, str) else (
+      tuple(batch_axis))
+
+
 class _ParallelLinear(nnx.Module):
   """Shared code of the two layers; see their docstrings."""
 
@@ -74,12 +82,22 @@ class _ParallelLinear(nnx.Module):
                dtype: Any = None, param_dtype: Any = jnp.float32,
                kernel_init=default_kernel_init, bias_init=default_bias_init,
                implementation: str | None | Callable = None, axis: str = "tp",
-               batch_axis: str | None = "data", mesh: jax.sharding.Mesh | None = None,
+               batch_axis: str | tuple[str, ...] | None = _DEFAULT_BATCH_AXIS,
+               mesh: jax.sharding.Mesh | None = None,
                rngs: nnx.Rngs):
     for name, v in (("in_features", in_features), ("out_features", out_features)):
       if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
         raise ValueError(f"{type(self).__name__}: {name} must be a positive integer, got {v!r}")
-    if batch_axis is not None and batch_axis == axis:
+    if isinstance(batch_axis, list):
+      batch_axis = tuple(batch_axis)
+    if batch_axis is not None and not (isinstance(batch_axis, str) or (
+        isinstance(batch_axis, tuple) and batch_axis
+        and all(isinstance(a, str) for a in batch_axis))):
+      raise TypeError(f"{type(self).__name__}: batch_axis must be a mesh axis name, a tuple of "
+                      f"them or None, got {batch_axis!r}")
+    if len(set(_names(batch_axis))) != len(_names(batch_axis)):
+      raise ValueError(f"{type(self).__name__}: batch_axis {batch_axis!r} names an axis twice")
+    if batch_axis is not None and axis in _names(batch_axis):
       raise ValueError(f"{type(self).__name__}: batch_axis and axis must be different mesh "
                        f"axes (the batch dim and the sequence dim cannot both be sharded over "
                        f"{axis!r}); pass batch_axis=None for no data-parallel axis")
@@ -114,8 +132,22 @@ class _ParallelLinear(nnx.Module):
       raise ValueError(f"{type(self).__name__}: input must have rank >= 2 ([..., seq, "
                        f"features]), got rank {ndim}")
     batch = [None] * (ndim - 2)
-    if batch and self.batch_axis is not None and self.batch_axis in mesh.axis_names:
+    names = _names(self.batch_axis)
+    if missing := [a for a in names if a not in mesh.axis_names]:
+      if self.batch_axis != _DEFAULT_BATCH_AXIS:  # the default is "data" where the mesh has it
+        raise ValueError(f"{type(self).__name__}: batch_axis {self.batch_axis!r}: {missing} "
+                         f"not an axis of the mesh {tuple(mesh.axis_names)}")
+      names = ()
+    if batch and names:
       batch[0] = self.batch_axis
+    if idle := [a for a, n in zip(mesh.axis_names, mesh.axis_sizes)
+                if n > 1 and a != self.axis and a not in (names if batch else ())]:
+      how = (f"add them to batch_axis, e.g. batch_axis={tuple(names) + tuple(idle)!r}" if batch
+             else "the input has no batch dim to shard over them")
+      config.warn_once(("nnx idle axes", type(self).__name__, tuple(idle), bool(batch)),
+                       "jax_distgemm.nnx.%s: the mesh axes %s shard neither the batch nor %r, "
+                       "so every replica along them computes the same layer (%s)",
+                       type(self).__name__, idle, self.axis, how)
     return self._input_spec(batch)
 
   def __call__(self, x):
@@ -164,8 +196,11 @@ class ColumnParallelLinear(_ParallelLinear):
       fn(x, w, *, axis_name, schedule, out_dtype), e.g. a functools.partial of
       jax_distgemm.distributed_matmul.
     axis: the tensor-parallel mesh axis.
-    batch_axis: the mesh axis the first (batch) dim of the input is sharded over, if the
-      mesh has it and the input has a batch dim; None: replicated batch.
+    batch_axis: the mesh axis (or tuple of axes, e.g. ("data", "fsdp")) the first (batch)
+      dim of the input is sharded over, when the input has a batch dim; None: replicated
+      batch.  The default "data" is used where the mesh has it; other names must be mesh
+      axes.  Mesh axes of size > 1 that shard neither the batch nor `axis` replicate the
+      layer's work along them (a warning says so).
     mesh: the mesh (default: the one set with jax.set_mesh, which must then be set when the
       layer is built too: its parameters are created sharded).
     rngs: nnx.Rngs for the initializers.

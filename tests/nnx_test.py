@@ -31,6 +31,7 @@ import optax
 import jax_distgemm
 from jax_distgemm import Schedule
 from jax_distgemm import nnx as tp_nnx
+from jax_distgemm._src import partitioning
 
 B, S, D_IN, D_OUT = 4, 16, 24, 32  # S, D_IN, D_OUT divisible by tp (4 or 2); B by data (2)
 LAYERS = ("column", "row")
@@ -340,6 +341,58 @@ class CpuLayerTest(LayerCases, parameterized.TestCase):
       tp_nnx.ColumnParallelLinear(16.5, D_OUT, mesh=self.mesh, rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, "out_features must be a positive integer, got 0"):
       tp_nnx.ColumnParallelLinear(D_IN, 0, mesh=self.mesh, rngs=nnx.Rngs(0))
+
+
+class BatchAxesTest(parameterized.TestCase):
+  """batch_axis on a ("data", "fsdp", "tp") mesh: a tuple was ignored silently (the batch
+  replicated, every replica computing all of it), as was a name that is not a mesh axis."""
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tp"), devices=test_util.cpu_devices(8),
+                              axis_types=(AxisType.Auto,) * 3)
+    jax_distgemm._src.config._warned.clear()
+
+  @parameterized.parameters(*LAYERS)
+  def test_a_tuple_shards_the_batch_over_both(self, layer):
+    x = random_x(0, (B, S, D_IN))
+    d_out = D_OUT if layer == "column" else D_IN
+    with jax.set_mesh(self.mesh), self.assertNoLogs("jax_distgemm", "WARNING"):
+      lay = layer_cls(layer)(D_IN, d_out, batch_axis=("data", "fsdp"), rngs=nnx.Rngs(0),
+                             implementation="ffi")
+      y = nnx.jit(lambda m, x: m(x))(lay, x)
+    np.testing.assert_allclose(np.asarray(y), dense(x, *params_np(lay)), rtol=1e-4, atol=1e-4)
+    want = P(("data", "fsdp"), None, "tp") if layer == "column" else P(("data", "fsdp"), "tp")
+    self.assertEqual(partitioning._trim(y.sharding.spec), want)
+
+  def test_an_idle_axis_warns(self):
+    with jax.set_mesh(self.mesh), self.assertLogs("jax_distgemm", "WARNING") as logs:
+      lay = tp_nnx.ColumnParallelLinear(D_IN, D_OUT, rngs=nnx.Rngs(0))  # batch over data only
+      lay(random_x(0, (B, S, D_IN)))
+    self.assertIn("['fsdp'] shard neither the batch nor 'tp'", "".join(logs.output))
+    self.assertIn("batch_axis=('data', 'fsdp')", "".join(logs.output))
+
+  def test_bad_batch_axes(self):
+    lay = tp_nnx.ColumnParallelLinear(D_IN, D_OUT, batch_axis="batch", mesh=self.mesh,
+                                      rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, r"batch_axis 'batch': \['batch'\] not an axis"):
+      lay(random_x(0, (B, S, D_IN)))
+    with self.assertRaisesRegex(TypeError, "batch_axis must be a mesh axis name"):
+      tp_nnx.ColumnParallelLinear(D_IN, D_OUT, batch_axis=3, mesh=self.mesh, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, "names an axis twice"):
+      tp_nnx.ColumnParallelLinear(D_IN, D_OUT, batch_axis=("data", "data"), mesh=self.mesh,
+                                  rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, "batch_axis and axis must be different"):
+      tp_nnx.ColumnParallelLinear(D_IN, D_OUT, batch_axis=("data", "tp"), mesh=self.mesh,
+                                  rngs=nnx.Rngs(0))
+
+  def test_the_default_needs_no_data_axis(self):
+    mesh = jax.make_mesh((2,), ("tp",), devices=test_util.cpu_devices(2),
+                         axis_types=(AxisType.Auto,))
+    x = random_x(0, (B, S, D_IN))
+    lay = tp_nnx.ColumnParallelLinear(D_IN, D_OUT, mesh=mesh, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(np.asarray(lay(x)), dense(x, *params_np(lay)), rtol=1e-4,
+                               atol=1e-4)
 
 
 class CpuBf16LayerTest(LayerCases, parameterized.TestCase):
