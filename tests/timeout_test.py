@@ -99,6 +99,10 @@ class TimeoutTest(parameterized.TestCase):
     self.assertIn(f"timed out after {timeout_ms} ms waiting for peers at {phase}", msg)
     self.assertRegex(msg, rf"missing ranks: {missing_rank}\.")
     self.assertIn("JAX_DISTGEMM_TIMEOUT_MS", msg)  # says how to raise the bound
+    # The message starts with the reporting device's own rank (devices in order, rank = id mod
+    # TP here): every rank returned the first rank's message, under its own device's name.
+    device, rank, tp = map(int, re.search(r"device (\d+): rank (\d+) of (\d+)", msg).groups())
+    self.assertEqual(rank, device % tp, msg)
     # Bounded: at least the timeout (peers really waited), and far from a hang.
     self.assertGreaterEqual(elapsed, timeout_ms / 1000 * 0.9)
     self.assertLess(elapsed, 20.0)

@@ -32,7 +32,7 @@ std::string Session::Barrier(int rank, int phase, const std::string& what,
   };
   const bool ok = cv_.wait_for(lock, timeout, [&] { return all_reached() || !poisoned_.empty(); });
   if (ok && poisoned_.empty()) return "";
-  if (!poisoned_.empty()) return poisoned_;
+  if (!poisoned_.empty()) return PeerGaveUpMessage(rank, size_, poisoned_);
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
     if (reached_[r] < phase) missing.push_back(r);
@@ -52,6 +52,11 @@ std::string TimeoutMessage(int rank, int size, std::chrono::milliseconds timeout
          "the timeout (the call's timeout_ms=, else JAX_DISTGEMM_TIMEOUT_MS) if peers are only "
          "slow.";
   return msg.str();
+}
+
+std::string PeerGaveUpMessage(int rank, int size, const std::string& peer_message) {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(size) +
+         " stopped waiting: " + peer_message;
 }
 
 void* SessionExchange::Buffer(int rank, size_t bytes) {

@@ -84,6 +84,10 @@ class SessionExchange final : public Exchange {
 std::string TimeoutMessage(int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& what, const std::vector<int>& missing);
 
+// What a rank returns when a peer gave up first: its own rank, then the peer's TimeoutMessage
+// (the reporting device is then the rank the message starts with).
+std::string PeerGaveUpMessage(int rank, int size, const std::string& peer_message);
+
 // Process-wide table of sessions.  The key must be identical on every participant of one call
 // and distinct between calls (RunId, call site, occurrence of that call site in the run).
 std::shared_ptr<Session> JoinSession(const std::string& key, int size);

@@ -482,7 +482,7 @@ std::string ShmExchange::Barrier(int rank, int phase, const std::string& what,
   };
   if (WaitFor(own, std::chrono::steady_clock::now() + timeout, done)) {
     if (poison.empty() && !compared_) CompareSignatures();
-    return poison;
+    return poison.empty() ? poison : PeerGaveUpMessage(rank, tp, poison);
   }
   std::vector<int> missing;
   for (int q = 0; q < tp; ++q) {
