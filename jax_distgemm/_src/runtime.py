@@ -194,6 +194,9 @@ def load_tuning(path) -> int:
   ValueError naming the path (and the entry and the rule), and installs nothing.  Call it
   before the calls, or between them as for reset().  Returns how many (choice, GPU) pairs were
   installed: 0 without the CUDA executor, or where no GPU of the file's models is visible.
+  NOTE: the names in a record (kernel config, element types, tuning mode) and the ranges of
+  raster, swizzle and fused_stages are the CUDA executor's to check (its tables); a build
+  without it checks the file's structure, field types and sizes only.
   """
   path = os.fspath(path)
   data = _read_tuning(path, "jax_distgemm.load_tuning")
