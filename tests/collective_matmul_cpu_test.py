@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_distgemm
+from jax_distgemm import Schedule
 from jax_distgemm._src import config
 
 import collective_matmul_test_base as base  # the module, so its base class is not collected
@@ -132,6 +133,12 @@ class FfiCpuRsGatherTest(base.CollectiveMatmulTestBase):
 class XlaCpuTest(base.CollectiveMatmulTestBase):
   IMPLEMENTATION = "xla"
 
+  def test_alpha_applies_to_the_sum(self):
+    # The ring scaled each partial by alpha before summing: inf / -inf here (found in a review).
+    # NOTE: "ffi" scales each partial in its GEMM's epilogue (CUTLASS's alpha * acc + C, C the
+    # running sum), so there alpha * a partial must itself be finite (docs/design.md).
+    alpha_after_the_sum(self.IMPLEMENTATION)
+
   @parameterized.product(schedule=base.SCHEDULES, tp=HLO_TPS)
   def test_lowers_to_collective_permutes_only(self, schedule, tp):
     counts = self.compiled_collectives(schedule, tp)
@@ -139,8 +146,27 @@ class XlaCpuTest(base.CollectiveMatmulTestBase):
     self.assertEqual(counts, NO_COLLECTIVES | {"collective-permute": tp - 1})
 
 
+def alpha_after_the_sum(implementation):
+  """A ReduceScatter whose partials cancel (2^33 and -2^33 + 1024 per element) with alpha =
+  1e30: alpha * x @ w = 1.024e33 is finite, alpha * each partial is not (fp32)."""
+  mesh = test_util.mesh_1d(2)
+  x = jnp.array([[2.0**33, 0.0, -2.0**33, 1024.0]] * 2, jnp.float32)  # [M, K]
+  w = jnp.ones((4, 2), jnp.float32)
+  for schedule in (Schedule.ReduceScatter1D_TilingA_RotatingC,
+                   Schedule.ReduceScatter1D_TilingB_RotatingC):
+    xs, ws, os_ = schedule.partition_specs("tp")
+    f = jax.jit(jax.shard_map(lambda a, b: jax_distgemm.distributed_matmul(
+        a, b, axis_name="tp", schedule=schedule, implementation=implementation, alpha=1e30),
+        mesh=mesh, in_specs=(xs, ws), out_specs=os_))
+    np.testing.assert_allclose(np.asarray(f(x, w)), np.full((2, 2), 1.024e33), rtol=1e-6,
+                               err_msg=schedule.name)
+
+
 class ReferenceCpuTest(base.CollectiveMatmulTestBase):
   IMPLEMENTATION = "reference"
+
+  def test_alpha_applies_to_the_sum(self):
+    alpha_after_the_sum(self.IMPLEMENTATION)
 
   @parameterized.product(schedule=base.SCHEDULES, tp=HLO_TPS)
   def test_lowers_to_all_gather_or_reduce_scatter(self, schedule, tp):

@@ -90,13 +90,13 @@ def _reduce_scatter(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype)
     else:
       block = w.shape[-1] // tp
       acc = matmul_f32(x, lax.dynamic_slice_in_dim(w, tile * block, block, w.ndim - 1))
-    if alpha != 1.0:
-      acc = alpha * acc
     if running is not None:
       acc = acc + running
     if i + 1 < tp:
       running = _shift(acc, axis_name, tp, +1)  # to the right neighbour
-  return epilogue(acc, c, alpha=1.0, beta=beta, out_dtype=out_dtype)
+  # alpha once on the fp32 sum, as "reference" does: scaled per partial, partials that cancel
+  # could overflow where alpha * x @ w does not.
+  return epilogue(acc, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
 
 
 def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: float = 1.0,
