@@ -55,7 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--k", type=int, default=None,
                  help="K extent of the GEMM (default: 8192 on GPUs, 256 on CPU devices)")
   p.add_argument("--l", type=int, default=1, help="L extent (batch) of the GEMM (default: 1)")
-  p.add_argument("--alpha", type=float, default=1.0, help="epilogue scalar alpha (default: 1.0)")
+  p.add_argument("--alpha", type=float, default=1.0,
+                 help="epilogue scalar alpha; alpha and beta must be finite as a float32 "
+                      "(default: 1.0)")
   p.add_argument("--beta", type=float, default=0.0, help="epilogue scalar beta; c is random when != 0 (default: 0.0)")
   p.add_argument("--iterations", type=int, default=100, help="profiling iterations (default: 100)")
   p.add_argument("--warmup-iterations", type=int, default=10,
@@ -84,6 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.error("--l and --iterations must be >= 1, --warmup-iterations >= 0")
   if args.eps is not None and not args.eps >= 0:  # also nan
     p.error(f"--eps must be a number >= 0 (0: the check must match exactly), got {args.eps}")
+  from jax_distgemm._src import validation  # noqa: PLC0415  (no backend started)
+  try:  # the library's rule, as a usage error rather than a traceback at compile time
+    validation.check_scalars(alpha=args.alpha, beta=args.beta)
+  except ValueError as e:
+    p.error(f"--{e}")
   args.parser = p
   return args
 
@@ -192,7 +199,6 @@ def main(argv=None) -> int:
         f"beta={args.beta:g}, seed={seed}")
 
   # -- Reference check against a single-device fp32 GEMM -----------------------------------------
-  out = compiled(*operands)
   dev0 = devices[0]
 
   @jax.jit
@@ -206,7 +212,13 @@ def main(argv=None) -> int:
     return jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / scale
 
   on_one = lambda a: None if a is None else jax.device_put(a, dev0)
-  error = float(max_rel_error(on_one(x), on_one(w), on_one(c), on_one(out)))
+  try:
+    out = compiled(*operands)
+    error = float(max_rel_error(on_one(x), on_one(w), on_one(c), on_one(out)))
+  except Exception as e:  # noqa: BLE001  (a runtime error of the call, e.g. a peer timeout)
+    print("  Disposition: Failed (the checked call raised an error)")
+    print(f"error: the checked call failed: {e}", file=sys.stderr)
+    return 1
   passed = bool(error <= eps)  # False for NaN
   print(f"  Disposition: {'Passed' if passed else 'Failed'} "
         f"(max relative error {error:.3e}, eps {eps:g})")

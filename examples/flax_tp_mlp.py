@@ -20,6 +20,7 @@ process (the CPU executor runs the same schedules).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
@@ -33,7 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--seq", type=int, default=32, help="sequence length (default: 32)")
   p.add_argument("--d-model", type=int, default=32, help="model width (default: 32)")
   p.add_argument("--d-ff", type=int, default=128, help="MLP hidden width (default: 128)")
-  p.add_argument("--steps", type=int, default=8, help="optimizer steps (default: 8)")
+  p.add_argument("--steps", type=int, default=8, help="optimizer steps, >= 2 (default: 8)")
   p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default: 1e-2)")
   p.add_argument("--implementation", default="auto", choices=("auto", "ffi", "xla", "reference"),
                  help="jax_distgemm implementation (default: auto)")
@@ -41,9 +42,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="max relative loss difference vs the one-device model (default: 1e-3)")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
+  for name in ("data", "tp", "batch", "seq", "d_model", "d_ff"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+  if args.steps < 2:  # the check compares the last loss with the first
+    p.error(f"--steps must be >= 2 (the loss must decrease over the steps), got {args.steps}")
   if args.seq % args.tp or args.d_ff % args.tp or args.batch % args.data:
     p.error("--seq and --d-ff must be divisible by --tp, --batch by --data")
   return args
+
+
+def max_difference(rels: list[float]) -> float:
+  """The largest of `rels`, nan if any is (Python's max drops a nan after the first item)."""
+  return float("nan") if any(math.isnan(r) for r in rels) else max(rels, default=0.0)
 
 
 def pick_devices(n: int):
@@ -159,11 +170,10 @@ def main(argv=None) -> int:
 
   # -- Report --------------------------------------------------------------------------------------
   print(f"{'step':>4}  {'tensor-parallel':>16}  {'one device':>16}  {'rel diff':>9}")
-  worst = 0.0
-  for i, (a, b) in enumerate(zip(tp_losses, dense_losses)):
-    rel = abs(a - b) / max(abs(b), 1e-30)
-    worst = max(worst, rel)
+  rels = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(tp_losses, dense_losses)]
+  for i, (a, b, rel) in enumerate(zip(tp_losses, dense_losses, rels)):
     print(f"{i:>4}  {a:>16.8f}  {b:>16.8f}  {rel:>9.2e}")
+  worst = max_difference(rels)
   decreased = tp_losses[-1] < tp_losses[0]
   print(f"max relative difference: {worst:.2e} (rtol {args.rtol:g}); loss "
         f"{'decreased' if decreased else 'did NOT decrease'}: {tp_losses[0]:.6f} -> "

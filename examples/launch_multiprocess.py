@@ -110,7 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "timing should not see: give it more there")
   p.add_argument("--timing-only", action="store_true",
                  help="no correctness checks: random operands on the devices, timing only")
-  p.add_argument("--json", default=None, help="launcher: write the JDG_TIME records here")
+  p.add_argument("--json", default=None,
+                 help="launcher: write the JDG_TIME records and the final verdict (ok) here, "
+                      "after every check (its directory must exist)")
   p.add_argument("--checks", default=",".join(CHECKS),
                  help="comma-separated subset of: " + ", ".join(KNOWN_CHECKS) +
                  " (default: all but the @repeat ones)")
@@ -165,6 +167,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.error(f"--checks: unknown {unknown}; choose from {KNOWN_CHECKS}")
   if args.fault is not None:
     args.fault = parse_fault(p, args)
+  if args.json is not None and not args.worker:  # before the run, not after it
+    from jax_distgemm._src import cli  # noqa: PLC0415  (imports JAX, starts no backend)
+    cli.check_output_path(p, "--json", args.json)
   return args
 
 
@@ -670,11 +675,6 @@ def launch(args) -> int:
       if seen != list(range(args.num_processes)):
         print(f"FAILED: {check}: no time from processes {sorted(set(range(args.num_processes)) - set(seen))}")
         ok = False
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"num_processes": args.num_processes, "devices_per_process":
-                 args.devices_per_process, "tp": args.tp, "platform": args.platform,
-                 "times": times, "ok": ok}, f, indent=1)
   for f in records(all_lines, "JDG_FAULT"):
     print(f"fault: process {f['process']}: error={'yes' if f['error'] else 'no'} after "
           f"{f['elapsed_s']:.2f} s, next call {'correct' if f['recovered'] else 'WRONG'}")
@@ -706,6 +706,15 @@ def launch(args) -> int:
   if leftovers and not args.no_exit_cleanup and failure is None:
     print("FAILED: the workers exited cleanly but left shared-memory segments")
     ok = False
+  if args.json:  # after every check: the final verdict
+    try:
+      with open(args.json, "w") as f:
+        json.dump({"num_processes": args.num_processes, "devices_per_process":
+                   args.devices_per_process, "tp": args.tp, "platform": args.platform,
+                   "times": times, "ok": ok}, f, indent=1)
+    except OSError as e:  # parse_args checked the path; it can still go (a full disk, rm -r)
+      print(f"FAILED: --json: cannot write {args.json}: {e}")
+      ok = False
   print(f"elapsed: {elapsed:.1f} s")
   print(f"Disposition: {'Passed' if ok else 'Failed'}")
   return 0 if ok else 1

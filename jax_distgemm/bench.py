@@ -32,7 +32,7 @@ import sys
 import time
 
 from jax_distgemm._src import bench_lib as bl
-from jax_distgemm._src import gpu_monitor, runtime
+from jax_distgemm._src import cli, gpu_monitor, runtime, validation
 
 # The small suite's calls run 20-100 us: 16 per dispatch keeps the host out of the timing.
 SMALL_SUITE_CALLS_PER_PROGRAM = 16
@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--k", type=_positive_int, help="global K (GPU default 16384; CPU 128)")
   g.add_argument("--l", type=_positive_int, default=1,
                  help="batch L: x [L, M, K] @ w [L, K, N] (default 1: no batch dim)")
-  g.add_argument("--alpha", type=float, default=1.0, help="out = alpha * x @ w + beta * c")
+  g.add_argument("--alpha", type=float, default=1.0,
+                 help="out = alpha * x @ w + beta * c (alpha, beta: finite as a float32)")
   g.add_argument("--beta", type=float, default=0.0, help="beta != 0 adds a random fp32 c")
   g.add_argument("--schedule", default="AllGather1D_TilingCD_RotatingA",
                  help="schedule name, short name (AG-RotA, AG-RotB, RS-TilA, RS-TilB), wire "
@@ -133,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "--windowed-einsum-flags='--flag=... --flag=...')")
   g.add_argument("--local-gemm", action="store_true",
                  help="also time one stage's local GEMM, XLA's dot and ours (the fused op "
-                 "at TP=1), in the same rounds as the rows, and report the XLA/ours ratio")
+                 "at TP=1), in the same rounds as the rows, and report the XLA/ours ratio; "
+                 "the JSON's local_gemm keeps ours under 'cutlass' and 'cutlass_ms' whatever "
+                 "ran it, and 'executor' names that: 'cutlass' on GPU, 'cpu executor' on CPU")
   g.add_argument("--no-gpu-monitor", action="store_true",
                  help="GPU: do not sample SM clock and power through NVML (by default each "
                       "row reports its medians over its timed repeats)")
@@ -144,24 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "this run did not settle (other GPU models', other shapes) are kept, and "
                       "this run's win on the same key (GPU model, types, shape, tuning mode)")
   g.add_argument("--json", metavar="PATH", help="write all results as JSON")
-  g.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
+  g.add_argument("--plot", metavar="PATH",
+                 help="write a PNG bar chart to PATH, which must end in .png (needs matplotlib); "
+                 "--json, --plot and --tuning-file must name different files")
   g.add_argument("--list", action="store_true", help="print the cases and exit")
   p.add_argument(bl.CHILD_FLAG, dest="child_out", help=argparse.SUPPRESS)
   return p
 
 
 def _check_output_path(p: argparse.ArgumentParser, flag: str, path: str) -> None:
-  """Usage error unless `path` can be written (atomically: a temporary file beside it, then a
-  rename): its directory exists and is writable, and it is not a directory itself."""
-  if not path:
-    p.error(f"{flag}: empty path")
-  if os.path.isdir(path):
-    p.error(f"{flag}: {path} is a directory")
-  parent = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(parent):
-    p.error(f"{flag}: {path}: directory {parent} does not exist")
-  if not os.access(parent, os.W_OK | os.X_OK):
-    p.error(f"{flag}: {path}: directory {parent} is not writable")
+  cli.check_output_path(p, flag, path)
+  if flag == "--plot" and os.path.splitext(path)[1].lower() != ".png":
+    p.error(f"{flag}: {path}: must end in .png (the chart is written as a PNG)")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -192,11 +189,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not set(have) & set(args.schedules):
       p.error(f"--schedule {args.schedule}: no case of --suite {args.suite} has it, so there "
               f"is nothing to run (its schedules: {', '.join(bl.SHORT_NAMES[s] for s in have)})")
+  try:  # the library's rule, checked here rather than as a FAIL of every case
+    validation.check_scalars(alpha=args.alpha, beta=args.beta)
+  except ValueError as e:
+    p.error(f"--{e}")
   if not args.child_out:  # before anything is measured, not when the results are written
+    seen = {}
     for flag, path in (("--json", args.json), ("--plot", args.plot),
                        ("--tuning-file", args.tuning_file)):
       if path is not None:
         _check_output_path(p, flag, path)
+        real = os.path.realpath(path)
+        if real in seen:
+          p.error(f"{seen[real]} and {flag} name the same file {path}: give each its own")
+        seen[real] = flag
   if args.plot and not args.child_out:
     try:
       import matplotlib  # noqa: F401
@@ -336,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
       progress("start")
       # Windowed einsum was timed by the child (other XLA_FLAGS); not here.
       got = bl.run_case(case, i, devices, here, progress, monitor)
+      if "local_gemm" in got["data"]:  # our side: the CUTLASS kernels only on GPU
+        got["data"]["local_gemm"]["executor"] = (
+            "cutlass" if platform == "gpu" else f"{platform} executor")
       rows = got["rows"]
       if "windowed_einsum" in opts.want:
         rows["windowed_einsum"] = child_rows.get(case.key) or {
@@ -379,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
       bl.plot(results, args.plot, title)
       print(f"wrote {args.plot}")
-    except OSError as e:
+    except (OSError, ValueError) as e:  # parse_args checked the path and the suffix
       errors.append(f"--plot: cannot write {args.plot}: {e}")
   for e in errors:
     print(f"jax_distgemm.bench: {e}", file=sys.stderr)

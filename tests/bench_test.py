@@ -96,7 +96,7 @@ class BenchEndToEndTest(absltest.TestCase):
       self.assertIn(label, out)
     for short in bl.SHORT_NAMES.values():
       self.assertIn(f"{short}  ", out)  # one summary line per case
-    self.assertIn("ratio (xla/cutlass)", out)  # --local-gemm: our stage GEMM was timed
+    self.assertIn("ratio (xla/", out)  # --local-gemm: our stage GEMM was timed
     self.assertIn("windowed-einsum child", self.proc.stderr)  # progress went to stderr
 
   def test_meta(self):
@@ -205,6 +205,15 @@ class BenchEndToEndTest(absltest.TestCase):
       self.assertEqual(pr["rounds"], min(len(x), len(ours)))
       self.assertAlmostEqual(pr["median"], float(np.median([a / b for a, b in zip(x, ours)])),
                              places=6)
+
+  def test_local_gemm_names_the_executor(self):
+    # No CUTLASS on CPU: the table names what ran; the JSON keeps its "cutlass" keys for
+    # existing readers and says which executor filled them.
+    self.assertIn("ratio (xla/cpu executor)", self.proc.stdout)
+    self.assertNotIn("xla/cutlass", self.proc.stdout)
+    for c in self.data["cases"]:
+      self.assertEqual(c["local_gemm"]["executor"], "cpu executor")
+      self.assertGreater(c["local_gemm"]["cutlass"]["ms"], 0)
 
   def test_plot_written(self):
     if not _have_matplotlib():
@@ -323,6 +332,51 @@ class BenchCliTest(absltest.TestCase):
       # A path that goes away after the check is a named error, not a traceback.
       with self.assertRaisesRegex(SystemExit, "--json: cannot write .*No such file"):
         bench._write_json(os.path.join(missing, "bench.json"), {})
+
+  def test_plot_suffix_and_shared_output_paths_are_usage_errors(self):
+    from jax_distgemm import bench  # noqa: PLC0415
+    with tempfile.TemporaryDirectory() as d:
+      j, png = os.path.join(d, "out.json"), os.path.join(d, "out.png")
+      bad = {("--plot", os.path.join(d, "x.txt")): "--plot: .*x.txt: must end in .png",
+             ("--plot", os.path.join(d, "plotnoext")): "--plot: .*plotnoext: must end in .png",
+             ("--plot", png, "--json", png): "--json and --plot name the same file",
+             ("--json", j, "--tuning-file", os.path.join(d, ".", "out.json")):
+                 "--json and --tuning-file name the same file",
+             ("--plot", png, "--tuning-file", png): "--plot and --tuning-file name the same file"}
+      for argv, want in bad.items():
+        with self.subTest(argv=argv):
+          err = io.StringIO()
+          with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err), \
+              mock.patch.dict(sys.modules, {"matplotlib": mock.Mock()}):
+            bench.parse_args(list(argv))
+          self.assertEqual(cm.exception.code, 2)
+          self.assertRegex(err.getvalue(), want)
+      with mock.patch.dict(sys.modules, {"matplotlib": mock.Mock()}):
+        bench.parse_args(["--plot", os.path.join(d, "x.PNG"), "--json", j])  # distinct, PNG
+      # End to end: the usage error comes before any case (it used to fail in savefig after).
+      proc = run_bench([*TINY, "--no-windowed-einsum", "--plot", os.path.join(d, "x.txt"),
+                        "--json", j], timeout=300)
+      self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+      self.assertIn("must end in .png", proc.stderr)
+      self.assertNotIn("Traceback", proc.stderr)
+      self.assertFalse(os.path.exists(j))
+
+  def test_non_finite_alpha_beta_are_usage_errors(self):
+    # The library's rule (finite as a float32), before any case runs, not a FAIL per case.
+    from jax_distgemm import bench  # noqa: PLC0415
+    for flag, v in (("--alpha", "nan"), ("--alpha", "inf"), ("--alpha", "1e39"),
+                    ("--alpha", "-inf"), ("--beta", "nan"), ("--beta", "-1e39")):
+      with self.subTest(flag=flag, value=v):
+        err = io.StringIO()
+        with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err):
+          bench.parse_args([f"{flag}={v}"])
+        self.assertEqual(cm.exception.code, 2)
+        self.assertIn(f"{flag}: must be finite as a float32", err.getvalue())
+    args = bench.parse_args(["--alpha=3e38", "--beta=-0.5"])
+    self.assertEqual((args.alpha, args.beta), (3e38, -0.5))
+    proc = run_bench([*TINY, "--alpha", "nan", "--list"], timeout=300)
+    self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+    self.assertIn("--alpha: must be finite as a float32", proc.stderr)
 
   def test_write_errors_after_the_run_are_reported_with_the_json(self):
     # A tuning file or plot that cannot be written at the end: named on stderr, exit status 1,

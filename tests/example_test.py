@@ -1,9 +1,14 @@
 """examples/distributed_gemm.py runs on fake CPU devices, checks itself and reports its timing.
 
 Each case runs the example in a subprocess (JAX_PLATFORMS=cpu: the example must pick fake CPU
-devices by itself) and parses what it prints.
+devices by itself) and parses what it prints.  The command lines of the other examples
+(flax_tp_mlp.py, launch_multiprocess.py) are checked the same way: bad flags are usage errors,
+and what they report matches what ran.
 """
 
+import importlib.util
+import json
+import math
 import os
 import re
 import shutil
@@ -16,6 +21,8 @@ from absl.testing import parameterized
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 EXAMPLE = os.path.join(REPO, "examples", "distributed_gemm.py")
+FLAX = os.path.join(REPO, "examples", "flax_tp_mlp.py")
+LAUNCHER = os.path.join(REPO, "examples", "launch_multiprocess.py")
 README = os.path.join(REPO, "README.md")
 SCHEDULES = (
     "AllGather1D_TilingCD_RotatingA",
@@ -27,11 +34,25 @@ SMALL = ["--m=64", "--n=96", "--k=32", "--iterations=5", "--warmup-iterations=1"
 NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
 
 
-def run_example(args, timeout=300):
-  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_DISTGEMM_")}
+def run_example(args, timeout=300, script=EXAMPLE, env_extra=None, python_args=()):
+  # The other examples run without XLA_FLAGS, as in their own tests.
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith("JAX_DISTGEMM_") and (k != "XLA_FLAGS" or script == EXAMPLE)}
   env["JAX_PLATFORMS"] = "cpu"
-  return subprocess.run([sys.executable, EXAMPLE, *args], cwd=REPO, env=env,
+  env.update(env_extra or {})
+  return subprocess.run([sys.executable, *python_args, script, *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# Runs argv[1] as __main__ with the CPU executor's fault hook set on device 0 (it skips its
+# peers): every call of the fused op then fails in the others with DEADLINE_EXCEEDED.
+WITH_FAULT = """
+import runpy, sys
+from jax_distgemm.ffi import _distgemm_cpu
+_distgemm_cpu.set_fault_device(0)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 class ExampleTest(parameterized.TestCase):
@@ -87,6 +108,24 @@ class ExampleTest(parameterized.TestCase):
     self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
     self.assertIn("M=66 must be divisible by TP=4", proc.stderr)
 
+  @parameterized.parameters(("--alpha", "nan"), ("--alpha", "inf"), ("--alpha", "1e39"),
+                            ("--alpha", "-inf"), ("--beta", "nan"))
+  def test_non_finite_alpha_beta_are_usage_errors(self, flag, value):
+    proc = run_example(["--tp=2", f"{flag}={value}", *SMALL])
+    self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+    self.assertIn(f"{flag}: must be finite as a float32", proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
+
+  def test_checked_call_runtime_error_is_a_failure_not_a_traceback(self):
+    # The first call (the one checked) times out in device 1: reported like a failed profiled
+    # call, with the Disposition, not as a traceback.
+    proc = run_example(["--tp=2", *SMALL], python_args=("-c", WITH_FAULT),
+                       env_extra={"JAX_DISTGEMM_TIMEOUT_MS": "200"})
+    self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+    self.assertIn("Disposition: Failed", proc.stdout)
+    self.assertIn("error: the checked call failed: DEADLINE_EXCEEDED", proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
+
   def test_readme_usage_snippet_runs(self):
     with open(README) as f:
       blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
@@ -121,6 +160,78 @@ class ExampleTest(parameterized.TestCase):
     out = self.assert_passed_with_timing(run_example([]))
     self.assertIn("running on 8 fake CPU devices", out)
     self.assertIn("M=512 N=1024 K=256 L=1, bf16", out)
+
+
+class FlaxExampleCliTest(parameterized.TestCase):
+  """examples/flax_tp_mlp.py: bad sizes are usage errors; a nan loss is a failure."""
+
+  @parameterized.parameters(
+      ("--tp=0", "--tp must be >= 1"), ("--tp=-2", "--tp must be >= 1"),
+      ("--data=0", "--data must be >= 1"), ("--batch=0", "--batch must be >= 1"),
+      ("--seq=0", "--seq must be >= 1"), ("--d-model=0", "--d-model must be >= 1"),
+      ("--d-ff=-1", "--d-ff must be >= 1"), ("--steps=0", "--steps must be >= 2"),
+      ("--steps=1", "--steps must be >= 2"))
+  def test_bad_size_is_a_usage_error(self, flag, message):
+    proc = run_example([flag], script=FLAX)
+    self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+    self.assertIn(message, proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
+
+  def test_max_difference_keeps_nan(self):
+    spec = importlib.util.spec_from_file_location("flax_tp_mlp", FLAX)
+    flax_example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flax_example)  # argparse only at import: no JAX started
+    self.assertEqual(flax_example.max_difference([1e-7, 3e-6, 2e-7]), 3e-6)
+    self.assertTrue(math.isnan(flax_example.max_difference([1e-7, math.nan, 2e-7])))
+    self.assertTrue(math.isnan(flax_example.max_difference([math.nan, 1e-7])))
+
+  def test_nan_loss_is_a_failure(self):
+    # A nan learning rate makes every loss after the first nan: the summary says so.
+    proc = run_example(["--lr=nan", "--steps=2", "--implementation=xla"], script=FLAX)
+    self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+    self.assertIn("max relative difference: nan", proc.stdout)
+    self.assertIn("Disposition: Failed", proc.stdout)
+
+
+class LaunchMultiprocessCliTest(absltest.TestCase):
+  """examples/launch_multiprocess.py: --json is checked up front and holds the final verdict."""
+
+  def launch(self, *args):
+    env = {"PYTHONSAFEPATH": "1"}  # workers import the installed package, not the source tree
+    return run_example(["--timeout=90", "--checks=AllGather1D_TilingCD_RotatingA", *args],
+                       timeout=150, script=LAUNCHER, env_extra=env)
+
+  def test_bad_json_path_is_a_usage_error_before_the_run(self):
+    with tempfile.TemporaryDirectory() as d:
+      for path, why in ((os.path.join(d, "missing", "mp.json"), "does not exist"),
+                        (d, "is a directory")):
+        with self.subTest(path=path):
+          proc = self.launch("--timing-iterations=2", f"--json={path}")
+          self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+          self.assertIn(f"--json: {path}", proc.stderr)
+          self.assertIn(why, proc.stderr)
+          self.assertNotIn("Traceback", proc.stderr)
+          self.assertNotIn("Launching", proc.stdout)  # nothing ran
+
+  def test_json_holds_the_final_verdict(self):
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, "mp.json")
+      # A fault that never fires (no shared-memory exchange without initialize_multiprocess:
+      # auto runs the ring) fails the run only after the checks: the JSON must say so.
+      proc = self.launch("--skip-initialize", "--implementation=auto", "--fault=1:0",
+                         "--timing-iterations=2", "--call-timeout-ms=2000", f"--json={path}")
+      self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+      self.assertIn("FAILED: --fault:", proc.stdout)
+      self.assertIn("Disposition: Failed", proc.stdout)
+      with open(path) as f:
+        self.assertIs(json.load(f)["ok"], False)
+      proc = self.launch("--timing-iterations=2", f"--json={path}")
+      self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+      self.assertIn("Disposition: Passed", proc.stdout)
+      with open(path) as f:
+        saved = json.load(f)
+      self.assertIs(saved["ok"], True)
+      self.assertLen(saved["times"], 2)  # one per process
 
 
 if __name__ == "__main__":

@@ -1196,7 +1196,8 @@ def case_block(result: dict, index: int, total: int) -> str:
     xs = (f"XLA dot {x['ms']:.4f} ms ({_fmt_rate(x.get('tflops'))} TFLOP/s)"
           if x.get("status") == "ok" else f"XLA dot n/a: {x.get('reason') or lg.get('reason')}")
     ratio = lg.get("ratio")
-    rs = f"ratio (xla/cutlass) {ratio:.3f}" if ratio else f"ratio n/a ({lg.get('note', '')})"
+    who = lg.get("executor") or "ours"  # what ran our side (the JSON keeps "cutlass" for it)
+    rs = f"ratio (xla/{who}) {ratio:.3f}" if ratio else f"ratio n/a ({lg.get('note', '')})"
     pr = lg.get("ratio_per_round")
     if ratio and pr:
       rs += f", per round {pr['median']:.3f} [{pr['q25']:.3f}-{pr['q75']:.3f}]"
@@ -1284,5 +1285,5 @@ def plot(results: list[dict], path: str, title: str) -> None:
   ax.legend(fontsize=7, ncol=min(4, len(names)))
   ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, format="png")  # the file named, whatever its suffix
   plt.close(fig)
