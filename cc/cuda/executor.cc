@@ -133,10 +133,11 @@ void SetD(GemmOperands& o, const void* first, const MatrixView& v) {
 }
 
 // The launch waits (StageSync) for stage `stage`, chunk `chunk` of call `epoch` to land in
-// this device's slots; `peer` is the rank that delivers it (named if the wait times out).
-void SetWait(StageSync& s, const DeviceState& me, int stage, int chunk, uint32_t epoch,
+// this device's slots, on this device's flag row `flags` (me.flags, or RingFlags(me) for a
+// ReduceScatter ring); `peer` is the rank that delivers it (named if the wait times out).
+void SetWait(StageSync& s, const uint32_t* flags, int stage, int chunk, uint32_t epoch,
              int peer) {
-  s.wait_flag = me.flags + FlagIndex(stage, chunk);
+  s.wait_flag = flags + FlagIndex(stage, chunk);
   s.wait_epoch = epoch;
   s.stage = stage;
   s.peer = peer;
@@ -481,7 +482,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
         SetD(g.ops, At(b.out, ov.offset + d_off, p.out_type), ov);
         if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset + d_off, p.out_type), ov, p.beta);
         if (i > 0) {
-          SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
+          SetWait(g.sync, me.flags, i, c, epoch, Sched::Source(rank, i, tp));
           if (gather_out) g.sync.seen_flag = me.flags + SeenMark(i, c);
         }
         // Every launch after the call's first writes its own rows or columns of out and reads
@@ -603,7 +604,7 @@ cudaError_t PushCopyRingChunk(const Problem& p, DeviceState& me, DeviceState& ne
   cudaError_t e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)), k.send, k.lo,
                                   k.hi, me.copy_stream);
   if (e == cudaSuccess) {
-    e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(i + 1, c), epoch);
+    e = StreamWriteValue32(me.copy_stream, RingFlags(next) + FlagIndex(i + 1, c), epoch);
   }
   return e;
 }
@@ -658,7 +659,7 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
         return "fused copy ring: stage views differ in pitch";
       }
       if (i > 0) {
-        f.c_wait_flag[s] = me.flags + FlagIndex(i, c);
+        f.c_wait_flag[s] = RingFlags(me) + FlagIndex(i, c);
         f.peer[s] = Sched::Source(rank, i, tp);
       }
       if (k.send != nullptr) f.done_flag[s] = me.flags + LocalDoneFlag(i, c);
@@ -723,7 +724,7 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
       if (i > 0) {
         // The left neighbour's running sum, pushed here.
         SetC(g.ops, k.recv_rows, pv, 1.f);
-        SetWait(g.sync, me, i, c, epoch, Sched::Source(rank, i, tp));
+        SetWait(g.sync, RingFlags(me), i, c, epoch, Sched::Source(rank, i, tp));
       }
       // Chunk GEMMs read x, w and (after its flag) their receive slot, and write their own
       // send-slot or out rows: none reads what the launch before it writes.
@@ -805,10 +806,10 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
       return "fused ReduceScatter: stage views differ in pitch";
     }
     if (i > 0) {
-      f.c_wait_flag[i] = me.flags + FlagIndex(i, 0);
+      f.c_wait_flag[i] = RingFlags(me) + FlagIndex(i, 0);
       f.peer[i] = Sched::Source(rank, i, tp);
     }
-    if (!last && !o.skip_signals) f.done_flag[i] = next.flags + FlagIndex(i + 1, 0);
+    if (!last && !o.skip_signals) f.done_flag[i] = RingFlags(next) + FlagIndex(i + 1, 0);
   }
   FinishRsBatches(g, pv, epoch);
   return Launch(g, stream, epoch, 0, 0);
@@ -926,7 +927,7 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
         if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
       } else {
         SetC(g.ops, GatherSum(me, p, epoch, i - 1), pv, 1.f);
-        SetWait(g.sync, me, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
+        SetWait(g.sync, me.flags, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
       }
       if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
     }
@@ -962,9 +963,9 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                        last ? nullptr : Slot(store_to, p, epoch, i));
     if (i > 0 && path != kRsCopyAdd) {
       SetC(g.ops, Slot(load_from, p, epoch, i - 1), pv, 1.f);  // the left neighbour's running sum
-      SetWait(g.sync, me, i, 0, epoch, Sched::Source(rank, i, tp));
+      SetWait(g.sync, RingFlags(me), i, 0, epoch, Sched::Source(rank, i, tp));
       if (!o.skip_signals) {
-        g.sync.signal_flag = next.flags + FlagIndex(i, 0);  // my stage i-1 output is complete
+        g.sync.signal_flag = RingFlags(next) + FlagIndex(i, 0);  // my stage i-1 output is done
         g.sync.signal_epoch = epoch;
       }
     }
@@ -979,8 +980,9 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
         cudaError_t e = cudaMemcpyAsync(Slot(next, p, epoch, 1), Slot(me, p, epoch, 0),
                                         p.PartialElems() * ElemSize(p.out_type),
                                         cudaMemcpyDeviceToDevice, me.copy_stream);
-        if (e == cudaSuccess) e = StreamWriteValue32(me.copy_stream, next.flags + FlagIndex(1, 0),
-                                                     epoch);
+        if (e == cudaSuccess) {
+          e = StreamWriteValue32(me.copy_stream, RingFlags(next) + FlagIndex(1, 0), epoch);
+        }
         if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
       }
       if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess) {
@@ -993,7 +995,7 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
     sync.timeout_ns = static_cast<uint64_t>(o.timeout_ms) * 1000000ull;
     sync.error = group.error();
     sync.rank = rank;
-    SetWait(sync, me, 1, 0, epoch, Sched::Source(rank, 1, tp));
+    SetWait(sync, RingFlags(me), 1, 0, epoch, Sched::Source(rank, 1, tp));
     if (std::string err = LaunchAddInPlace(p.out_type, b.out, Slot(me, p, epoch, 1),
                                            p.OutElems(), sync, me.sm_count, stream);
         !err.empty()) {

@@ -12,7 +12,8 @@
 //              ReduceScatter running sums), so its pointer is published to the group.
 //   flags      kMaxTp x kMaxChunks uint32 epochs, written by peers: flags[FlagIndex(i, c)] >= e
 //              means "chunk c of the data stage i of call e consumes has landed"; then as
-//              many words of this device's own marks (SeenMark).
+//              many words of this device's own marks (SeenMark); then the same again for the
+//              ReduceScatter rings' running sums (RingFlags), so that each word has one writer.
 //   epoch      calls issued on this device (host counter; the same sequence on every device).
 //
 // Slots are double-buffered by call parity.  NOTE: why no trailing barrier is needed: a device
@@ -58,7 +59,16 @@ inline constexpr int LocalDoneFlag(int stage, int chunk) {
 inline constexpr int SeenMark(int stage, int chunk) {
   return kNumFlags + FlagIndex(stage, chunk);
 }
-inline constexpr int kFlagWords = 2 * kNumFlags;
+// NOTE: one writer per flag word.  Stage i's data comes from device d + i in an AllGather (and
+// the ReduceScatter gather path), but from the left neighbour d - 1 in every ReduceScatter
+// ring path (remote C, push, copy-add, copy ring, fused or not).  Each writer's epochs rise in
+// its own stream order; two writers of one word are not ordered: at TP >= 4 a device that
+// finished a ring call early could push call e+1's AllGather data, and set d's word to e+1,
+// before the left neighbour set it to e for call e (a wait for e passed before its data, and
+// the late e then hid e+1 until the wait timed out; found in a review, 2026-12-05, not seen
+// on hardware).  So the rings' words are a row of their own, RingFlags(d)[FlagIndex(i, c)].
+inline constexpr int kRingFlagsOffset = 2 * kNumFlags;
+inline constexpr int kFlagWords = 3 * kNumFlags;
 
 struct DeviceState {
   int ordinal = -1;  // local CUDA ordinal; -1: a member in another process (IPC-mapped)
@@ -78,6 +88,9 @@ struct DeviceState {
   // and which allocation of the owner that was (its generation), to re-map after it grew.
   int64_t ipc_generation = -1;
 };
+
+// The ReduceScatter rings' data flags of `d` (written by its left neighbour only; see above).
+inline uint32_t* RingFlags(const DeviceState& d) { return d.flags + kRingFlagsOffset; }
 
 class PeerGroup {
  public:
