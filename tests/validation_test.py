@@ -524,6 +524,33 @@ class ValidationTest(absltest.TestCase):
         self.assertEqual(cuda_rules.unsupported_reason(_sds(xs, bf16), _sds(ws, bf16), od, sched,
                                                        TP), msg)
 
+  def test_stage_extents_fit_32_bits(self):
+    # CUTLASS's problem shape holds int extents: a stage of 2^31 rows was admitted and wrapped
+    # to -2^31 in the kernel launch (found in a review).
+    bf16 = jnp.bfloat16
+    self.assertEqual(
+        cuda_rules.unsupported_reason(_sds((2**31, 8), bf16), _sds((8, 8), bf16), bf16, AG_B,
+                                      2),
+        "x, w: a stage GEMM's rows 2147483648 exceeds 2147483647 (CUTLASS takes 32-bit extents)")
+    self.assertEqual(
+        cuda_rules.unsupported_reason(_sds((8, 2**31), bf16), _sds((2**31, 8), bf16), bf16,
+                                      AG_A, 2),
+        f"x, w: a stage GEMM's contraction {2**31} exceeds {2**31 - 1} (CUTLASS takes 32-bit "
+        "extents)")
+
+  def test_gpus_other_than_hopper(self):
+    # The kernels are sm_90a: an A100 (8.0) or B200 (10.0) failed at the first call ("no
+    # kernel image") where None should have run XLA's path (found in a review).
+    bf16 = jnp.bfloat16
+    x, w = _sds((4, 64), bf16), _sds((64, 32), bf16)
+    fake = lambda cc: [mock.Mock(compute_capability=cc)]
+    with mock.patch.object(cuda_rules.jax, "local_devices", return_value=fake("8.0")):
+      self.assertEqual(cuda_rules.unsupported_reason(x, w, bf16, AG_A, TP),
+                       "GPUs of compute capability 8.0: the CUDA executor's kernels are built "
+                       "for sm_90a (Hopper, 9.0) only")
+    with mock.patch.object(cuda_rules.jax, "local_devices", return_value=fake("9.0")):
+      self.assertIsNone(cuda_rules.unsupported_reason(x, w, bf16, AG_A, TP))
+
   def test_workspace_cap(self):
     bf16 = jnp.bfloat16
     x, w = _sds((1024, 1024), bf16), _sds((1024, 64), bf16)  # AG_A: 2*3*2 MiB = 12 MiB

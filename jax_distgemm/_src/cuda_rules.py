@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+import jax
 import jax.numpy as jnp
 
 from jax_distgemm._src import config
@@ -122,10 +123,38 @@ def xla_faster_reason(x, w, schedule: Schedule, tp: int) -> str | None:
           "and faster than the fused stages")
 
 
+# The kernels are built for sm_90a (CMakeLists.txt), which runs on compute capability 9.0 only.
+CUDA_COMPUTE_CAPABILITY = "9.0"
+# CUTLASS's problem shape holds each extent in an int (cc/cuda/sm90_gemm.cuh).
+_MAX_EXTENT = 2**31 - 1
+
+
+def gpu_reason() -> str | None:
+  """Why this process's GPUs cannot run the kernels (None: they can)."""
+  try:
+    devices = jax.local_devices(backend="gpu")
+  except RuntimeError:  # no GPU backend (these rules' own tests on CPU)
+    return None
+  caps = {getattr(d, "compute_capability", None) for d in devices}
+  other = sorted(str(c) for c in caps if c is not None and str(c) != CUDA_COMPUTE_CAPABILITY)
+  if other:
+    return (f"GPUs of compute capability {', '.join(other)}: the CUDA executor's kernels are "
+            f"built for sm_90a (Hopper, {CUDA_COMPUTE_CAPABILITY}) only")
+  return None
+
+
 def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:
   """None if the CUDA executor runs this case, else why not (naming the argument)."""
   xd = jnp.dtype(x.dtype)
   od = jnp.dtype(out_dtype)
+  if why := gpu_reason():
+    return why
+  sm, sn = _stage_rows_cols(x.shape, w.shape, schedule, tp)
+  stage = {"rows": sm, "columns": sn, "contraction": x.shape[-1],
+           "batch": math.prod(x.shape[:-2])}
+  if big := [f"{name} {n}" for name, n in stage.items() if n > _MAX_EXTENT]:
+    return (f"x, w: a stage GEMM's {', '.join(big)} exceeds {_MAX_EXTENT} (CUTLASS takes "
+            "32-bit extents)")
   if tp > CUDA_MAX_TP:
     return f"tp: {tp} ranks; the CUDA executor takes at most {CUDA_MAX_TP} (kMaxTp)"
   if xd not in CUDA_IN_DTYPES:
