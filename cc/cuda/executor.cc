@@ -1034,6 +1034,20 @@ size_t WorkspaceBytes(const Problem& p, const CallOptions& o) {
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
                             const CallBuffers& buffers, const CallOptions& options,
                             cudaStream_t stream) {
+  // NOTE: a member whose workspace growth failed in an earlier call (cudaMalloc, while the
+  // others' succeeded) holds less than this call needs, or none: pushes and remote stores into
+  // it would hit a null or short address.  Fail before anything is enqueued (no epoch taken).
+  const size_t need = WorkspaceBytes(p, options);
+  for (int q = 0; q < group.tp(); ++q) {
+    const DeviceState& d = group.dev(q);
+    if (d.workspace_bytes < need) {
+      std::ostringstream m;
+      m << "the symmetric workspace of device " << d.id << " holds " << d.workspace_bytes
+        << " bytes, this call needs " << need << " (its allocation failed in an earlier call); "
+        << "the group cannot run calls this large in this process";
+      return m.str();
+    }
+  }
   const uint32_t epoch = ++group.dev(rank).epoch;
   if (options.poison_output) {
     // 0xFF bytes are NaN in bfloat16, float16 and float32 alike.
