@@ -35,18 +35,23 @@ default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
 
 
-@functools.lru_cache(maxsize=None)
 def _per_shard_op(implementation) -> Callable:
   """The injected implementation as fn(x, w, *, axis_name, schedule, out_dtype) per shard."""
+  if not (implementation is None or isinstance(implementation, str) or callable(implementation)):
+    # (before the cache, which would hash it first: "unhashable type: 'list'")
+    raise TypeError(f"implementation: expected a name, None or a callable, got "
+                    f"{implementation!r}")
+  return _cached_per_shard_op(implementation)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_per_shard_op(implementation) -> Callable:
   if isinstance(implementation, str) and implementation not in api.IMPLEMENTATIONS:
     raise ValueError(f"implementation: expected one of {api.IMPLEMENTATIONS}, None or a "
                      f"callable, got {implementation!r}")
   if implementation is None or isinstance(implementation, str):
     return functools.partial(api.distributed_matmul, implementation=implementation)
-  if callable(implementation):
-    return implementation
-  raise TypeError(f"implementation: expected a name, None or a callable, got "
-                  f"{implementation!r}")
+  return implementation  # a callable
 
 
 @functools.lru_cache(maxsize=256)
@@ -75,8 +80,10 @@ class _ParallelLinear(nnx.Module):
   """Shared code of the two layers; see their docstrings."""
 
   schedule: Schedule
-  kernel_sharding: Callable[[str], tuple]
-  bias_sharding: Callable[[str], tuple]
+  # NOTE: private (leading _): nnx.tabulate wraps every public function of the class, and a
+  # wrapped staticmethod then gets self too (its failure left the classes broken).
+  _kernel_sharding: Callable[[str], tuple]
+  _bias_sharding: Callable[[str], tuple]
 
   def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
                dtype: Any = None, param_dtype: Any = jnp.float32,
@@ -108,11 +115,11 @@ class _ParallelLinear(nnx.Module):
     _per_shard_op(implementation)  # fail early on a bad value
     if mesh is not None:
       self._mesh()  # the axis must be one of the mesh's
-    kinit = nnx.with_partitioning(kernel_init, self.kernel_sharding(axis), mesh=mesh)
+    kinit = nnx.with_partitioning(kernel_init, self._kernel_sharding(axis), mesh=mesh)
     self.kernel = nnx.Param(kinit(rngs.params(), (self.in_features, self.out_features),
                                   param_dtype))
     if use_bias:
-      binit = nnx.with_partitioning(bias_init, self.bias_sharding(axis), mesh=mesh)
+      binit = nnx.with_partitioning(bias_init, self._bias_sharding(axis), mesh=mesh)
       self.bias = nnx.Param(binit(rngs.params(), (self.out_features,), param_dtype))
     else:
       self.bias = None
@@ -160,12 +167,12 @@ class _ParallelLinear(nnx.Module):
     bias = self.bias[...] if self.bias is not None else None
     x, kernel, bias = nnx_dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
     x_spec = self._x_spec(x.ndim, mesh)
-    w_spec = P(*self.kernel_sharding(self.axis))
+    w_spec = P(*self._kernel_sharding(self.axis))
     # The rule table of collective_matmul confirms the layer's layout and gives out's spec.
     p = partitioning.plan(x_spec, w_spec, None, x_ndim=x.ndim, w_ndim=2, axis=self.axis)
     if p.schedule != self.schedule:
       raise AssertionError(f"layout {x_spec}, {w_spec} planned as {p.schedule}: {p.reason}")
-    b_spec = P(*self.bias_sharding(self.axis)) if bias is not None else None
+    b_spec = P(*self._bias_sharding(self.axis)) if bias is not None else None
     f = _sharded_linear(mesh, _per_shard_op(self.implementation), self.schedule, self.axis,
                         x_spec, w_spec, b_spec, p.out_spec, jnp.dtype(x.dtype))
     if partitioning.all_explicit(mesh):
@@ -207,8 +214,8 @@ class ColumnParallelLinear(_ParallelLinear):
   """
 
   schedule = Schedule.AllGather1D_TilingCD_RotatingA
-  kernel_sharding = staticmethod(lambda axis: (None, axis))
-  bias_sharding = staticmethod(lambda axis: (axis,))
+  _kernel_sharding = staticmethod(lambda axis: (None, axis))
+  _bias_sharding = staticmethod(lambda axis: (axis,))
 
   def _input_spec(self, batch):
     return P(*batch, self.axis, None)
@@ -224,8 +231,8 @@ class RowParallelLinear(_ParallelLinear):
   """
 
   schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
-  kernel_sharding = staticmethod(lambda axis: (axis, None))
-  bias_sharding = staticmethod(lambda axis: (None,))
+  _kernel_sharding = staticmethod(lambda axis: (axis, None))
+  _bias_sharding = staticmethod(lambda axis: (None,))
 
   def _input_spec(self, batch):
     return P(*batch, None, self.axis)

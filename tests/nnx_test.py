@@ -386,6 +386,26 @@ class BatchAxesTest(parameterized.TestCase):
       tp_nnx.ColumnParallelLinear(D_IN, D_OUT, batch_axis=("data", "tp"), mesh=self.mesh,
                                   rngs=nnx.Rngs(0))
 
+  def test_tabulate_then_call(self):
+    # nnx.tabulate wrapped the layers' public staticmethods (kernel_sharding), which then got
+    # self too: a TypeError, and flax, restoring methods only on success, left the classes
+    # broken for the process (found in a review).
+    x = jax.device_put(random_x(0, (B, S, D_IN)),
+                       NamedSharding(self.mesh, P(("data", "fsdp"), "tp", None)))
+    with jax.set_mesh(self.mesh):
+      mlp = tp_nnx.ParallelMLP(D_IN, D_OUT, batch_axis=("data", "fsdp"), rngs=nnx.Rngs(0))
+      table = nnx.tabulate(mlp, x)
+      self.assertIn("Total Parameters: 1,592", table)  # both layers' kernels and biases
+      self.assertEqual(mlp(x).shape, (B, S, D_IN))
+      tp_nnx.RowParallelLinear(D_OUT, D_IN, rngs=nnx.Rngs(1))  # the classes still work
+
+  def test_unhashable_implementation(self):
+    for bad in (["ffi"], {"impl": "ffi"}, 3):
+      with self.subTest(implementation=bad), self.assertRaisesRegex(
+          TypeError, "implementation: expected a name, None or a callable"):
+        tp_nnx.ColumnParallelLinear(D_IN, D_OUT, implementation=bad, mesh=self.mesh,
+                                    rngs=nnx.Rngs(0))
+
   def test_the_default_needs_no_data_axis(self):
     mesh = jax.make_mesh((2,), ("tp",), devices=test_util.cpu_devices(2),
                          axis_types=(AxisType.Auto,))
