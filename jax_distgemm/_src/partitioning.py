@@ -323,7 +323,7 @@ def _without_devices(o: _Options) -> _Options:
   """The options of a call whose mesh is abstract (jax.jit on Explicit axes, no concrete mesh
   anywhere): the fused call cannot name its TP group there, so 'ffi' is refused and None runs
   the XLA ring, each saying how to give the mesh."""
-  how = ("pass mesh=, an out_sharding NamedSharding, or call under jax.set_mesh(mesh)")
+  how = "pass mesh=, an out_sharding NamedSharding, or call under jax.set_mesh(mesh)"
   chosen = o.implementation or config.forced_implementation()
   if chosen == "ffi":
     raise ValueError(
@@ -592,7 +592,8 @@ def _fold_partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
 def _without_size_one(spec, mesh, ndim: int, what: str) -> P:
   """`spec` without the mesh axes of size 1.  NOTE: Shardy drops them from the shardings it
   propagates, so the operands' specs never name them, while a requested spec may."""
-  return _spec([tuple(a for a in e if mesh.shape.get(a) != 1) for e in _entries(spec, ndim, what)])
+  entries = _entries(spec, ndim, what)
+  return _spec([tuple(a for a in e if mesh.shape.get(a) != 1) for e in entries])
 
 
 def _partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
@@ -615,9 +616,13 @@ def _partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
     out_spec = _without_size_one(out_spec, mesh, nd, "out_sharding")
   named = lambda s: NamedSharding(mesh, s)
   like = (arg_shapes[2].sharding,) if cfg.with_like else ()
-  if mesh.shape[o.axis] == 1:  # TP = 1 (Shardy dropped "tp" too): nothing to fuse, a dot
+
+  def dot():  # the plain dot, with XLA's collectives
     d = _dot_plan(x_spec, w_spec, len(xs.shape), len(ws.shape))
     return (mesh, _dot_body(d, o), named(d.out_spec), (named(d.x_spec), named(d.w_spec)) + like)
+
+  if mesh.shape[o.axis] == 1:  # TP = 1 (Shardy dropped "tp" too): nothing to fuse
+    return dot()
   p = plan(x_spec, w_spec, out_spec, x_ndim=len(xs.shape), w_ndim=len(ws.shape), axis=o.axis,
            out_is_hint=hint)
   if p.schedule is not None:
@@ -631,8 +636,7 @@ def _partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
   if cfg.fallback == "error":
     raise ValueError(f"jax_distgemm.collective_matmul: {p.reason} (pass fallback='dot' to use "
                      "the plain XLA dot instead)")
-  d = _dot_plan(x_spec, w_spec, len(xs.shape), len(ws.shape))
-  return (mesh, _dot_body(d, o), named(d.out_spec), (named(d.x_spec), named(d.w_spec)) + like)
+  return dot()
 
 
 @functools.lru_cache(maxsize=None)
