@@ -102,9 +102,10 @@ class _ParallelLinear(nnx.Module):
         and all(isinstance(a, str) for a in batch_axis))):
       raise TypeError(f"{type(self).__name__}: batch_axis must be a mesh axis name, a tuple of "
                       f"them or None, got {batch_axis!r}")
-    if len(set(_names(batch_axis))) != len(_names(batch_axis)):
+    names = _names(batch_axis)
+    if len(set(names)) != len(names):
       raise ValueError(f"{type(self).__name__}: batch_axis {batch_axis!r} names an axis twice")
-    if batch_axis is not None and axis in _names(batch_axis):
+    if axis in names:
       raise ValueError(f"{type(self).__name__}: batch_axis and axis must be different mesh "
                        f"axes (the batch dim and the sequence dim cannot both be sharded over "
                        f"{axis!r}); pass batch_axis=None for no data-parallel axis")
