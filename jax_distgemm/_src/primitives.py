@@ -185,6 +185,17 @@ def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, g
   return mlir.lower_fun(ring, multiple_results=True)(ctx, x, w, *c)
 
 
+_EXPORT_PINS_IDS = ("a jax.export artifact of the fused call names its TP groups by the "
+                    "global device ids of the mesh it was exported on")
+
+
+def _mesh_ids(ctx) -> list[int] | str:
+  try:
+    return _concrete_mesh(ctx).device_ids.ravel().tolist()
+  except NotImplementedError:
+    return "of the export's mesh"
+
+
 def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype,
               timeout_ms, call_site, fallback, gathered):
   # NOTE: only what the executor cannot reach falls back; a mesh that does not match the
@@ -192,6 +203,18 @@ def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out
   ring = functools.partial(_ring_lowering, ctx, x, w, *c, schedule=schedule,
                            axis_name=axis_name, alpha=alpha, beta=beta, out_dtype=out_dtype,
                            gathered=gathered)
+  if ctx.module_context.lowering_parameters.for_export:
+    # NOTE: the call names its TP groups by global device ids (the executor cannot learn a
+    # device's position in the caller's device assignment), while an exported artifact may be
+    # called on other devices: where the same ids sit in other mesh positions it would pair
+    # the wrong shards (found in a review).  None exports the ring (collective-permutes over
+    # positions, right under any assignment); "ffi" keeps the fused call, pinned to these ids.
+    if fallback:
+      return ring(why=_EXPORT_PINS_IDS)
+    config.warn_once(("export",), "jax_distgemm: implementation='ffi' under jax.export: %s; "
+                     "call the artifact only where the devices %s hold the same mesh positions "
+                     "(use implementation=None or 'xla' for an artifact that runs anywhere)",
+                     _EXPORT_PINS_IDS, _mesh_ids(ctx))
   try:
     mesh = _concrete_mesh(ctx)
   except NotImplementedError as e:
