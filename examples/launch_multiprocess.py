@@ -90,6 +90,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
   p.add_argument("--tp", type=int, default=None,
                  help="TP group size (default: all devices of all processes)")
+  p.add_argument("--tp-within-process", action="store_true",
+                 help="each TP group inside one process and \"dp\" across processes (the "
+                      "multi-host layout; needs --tp dividing --devices-per-process); default: "
+                      "consecutive TP ranks in different processes")
   p.add_argument("--m", type=int, default=None, help="global M (default 64*TP CPU, 4096 GPU)")
   p.add_argument("--n", type=int, default=None, help="global N (default 48*TP CPU, 4096 GPU)")
   p.add_argument("--k", type=int, default=None, help="global K (default 32*TP CPU, 4096 GPU)")
@@ -149,6 +153,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   args.tp = total if args.tp is None else args.tp
   if args.tp < 1 or total % args.tp:
     p.error(f"--tp={args.tp} must be >= 1 and divide the {total} devices")
+  if args.tp_within_process and args.devices_per_process % args.tp:
+    p.error(f"--tp-within-process: --tp={args.tp} must divide --devices-per-process="
+            f"{args.devices_per_process}")
   gpu = args.platform == "gpu"
   defaults = {"m": 4096 if gpu else 64 * args.tp, "n": 4096 if gpu else 48 * args.tp,
               "k": 4096 if gpu else 32 * args.tp}
@@ -241,10 +248,12 @@ def worker(args) -> int:
     raise SystemExit(f"process {me}: expected {args.devices_per_process} local devices of "
                      f"{args.num_processes * args.devices_per_process}, got {local} of "
                      f"{len(devices)}")
-  # (local index, process) order: consecutive TP ranks live in different processes.
+  # (local index, process) order: consecutive TP ranks live in different processes; or, with
+  # --tp-within-process, (process, local index): each TP group in one process.
   by_process = sorted(devices, key=lambda d: (d.process_index, d.id))
   per = args.devices_per_process
-  ordered = [by_process[p * per + i] for i in range(per) for p in range(args.num_processes)]
+  ordered = by_process if args.tp_within_process else [
+      by_process[p * per + i] for i in range(per) for p in range(args.num_processes)]
   tp, dp = args.tp, len(ordered) // args.tp
   mesh = jax.sharding.Mesh(np.array(ordered).reshape(dp, tp), ("dp", "tp"))
   groups = [[d.id for d in row] for row in mesh.devices]
@@ -523,6 +532,8 @@ def child_args(args, process_id: int, coordinator: str) -> list[str]:
     out.append("--no-exit-cleanup")
   if args.skip_initialize:
     out.append("--skip-initialize")
+  if args.tp_within_process:
+    out.append("--tp-within-process")
   if args.timing_only:
     out.append("--timing-only")
   return out

@@ -78,7 +78,7 @@ class MultiprocessTest(parameterized.TestCase):
     return tokens.pop()
 
   def assert_passed(self, rc, out, records, *, num_processes, iterations, checks, tol,
-                    grown=False):
+                    grown=False, cross_process=True):
     tail = out[-6000:]
     self.assertEqual(rc, 0, tail)
     self.assertIn("Disposition: Passed", out)
@@ -98,12 +98,17 @@ class MultiprocessTest(parameterized.TestCase):
     self.assertLen(done, num_processes, tail)
     for d in done:
       self.assertTrue(d["ok"], d)
-      self.assertGreater(d["segments"], 0, d)  # the cross-process path ran (shm segments)
+      # The cross-process path ran (shm segments), or with process-local groups none did.
+      if cross_process:
+        self.assertGreater(d["segments"], 0, d)
+      else:
+        self.assertEqual(d["segments"], 0, d)
       if grown:  # the 4x problems made a segment of a reused call site grow
         self.assertGreater(max(d["segment_bytes"].values()), SEGMENT_GRANULE, d)
     # Clean exit: every worker unlinked its segments (the launcher found none to remove).
     self.assertIn("shared-memory segments left by the workers: 0 ", out)
-    self.assertEqual(shm_files(self.token_of(records, out)), [])
+    if cross_process:
+      self.assertEqual(shm_files(self.token_of(records, out)), [])
 
   def assert_groups_span_processes(self, records, out, expected_groups):
     meshes = records.get("JDG_MESH", [])
@@ -272,6 +277,19 @@ class MultiprocessTest(parameterized.TestCase):
     self.assertIn("needs jax_distgemm.initialize_multiprocess() after "
                   "jax.distributed.initialize()", out)
 
+  @parameterized.parameters("ffi", "auto")
+  def test_tp_within_each_process_needs_no_initialize(self, implementation):
+    # The multi-host layout: each TP group inside one process, "dp" across processes (XLA's
+    # collectives there).  The executor meets a process-local group in-process: the fused call
+    # runs (None picks it too) without initialize_multiprocess() and without shared memory.
+    rc, out, records = launch("--num-processes=2", "--devices-per-process=2", "--tp=2",
+                              "--tp-within-process", "--skip-initialize", "--iterations=2",
+                              f"--implementation={implementation}")
+    self.assertEqual([m["groups"] for m in records.get("JDG_MESH", [])],
+                     [[[0, 1], [2048, 2049]]] * 2, out[-4000:])
+    self.assert_passed(rc, out, records, num_processes=2, iterations=2,
+                       checks=SCHEDULES + (MLP,) + GROWN, tol=1e-3, cross_process=False)
+
   def test_without_initialize_multiprocess_auto_runs_the_ring(self):
     # implementation=None where the executor cannot meet the group: the XLA ring is lowered in
     # place of the custom call (with a warning naming the reason), and the results are right.
@@ -294,6 +312,7 @@ class LauncherFlagsTest(parameterized.TestCase):
 
   @parameterized.parameters(
       ("--call-timeout-ms=0", "--call-timeout-ms must be in [1, 2147483647], got 0"),
+      ("--tp-within-process", "--tp-within-process: --tp=2 must divide --devices-per-process=1"),
       ("--call-timeout-ms=-5", "--call-timeout-ms must be in [1, 2147483647], got -5"),
       ("--fault=5:0", "--fault P=5: must be a process index in [0, 2)"),
       ("--fault=0:7", "--fault I=7: must be a local device index in [0, 1)"),
