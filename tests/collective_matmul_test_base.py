@@ -327,25 +327,29 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
   def test_distributed_matmul_by_schedule_name(self, schedule):
     self.check(schedule, tp=4, api="distributed_matmul", alpha=0.75)
 
-  @parameterized.product(schedule=SCHEDULES)
-  def test_fp16_grads_with_an_fp32_output_and_a_large_cotangent(self, schedule):
-    # d loss / d out = 1e5 (a loss scale): above fp16's 65504, so the backward's cast of the
-    # fp32 cotangent to fp16 made it inf and every dx, dw NaN, although they fit fp16.
-    tp = 2
-    mesh = test_util.mesh_1d(tp)
+  def fp16_grads_with_an_fp32_output(self, schedule, x, w, r):
+    """(dx, dw) of sum(out * r) through the call at TP=2, fp16 operands and an fp32 output, and
+    the dense gradient of the same."""
+    mesh = test_util.mesh_1d(2)
     x_spec, w_spec, out_spec = test_util.specs(schedule, 0)
-    x, w, _ = test_util.random_inputs(self.seed(0), (M, K), (K, N), jnp.float16)
-    x, w = x * 1e-2, w * 1e-2
     f = jax.shard_map(lambda a, b: call_public_api(schedule, a, b, None, axis_name="tp",
                                                    out_dtype=jnp.float32,
                                                    implementation=self.IMPLEMENTATION),
                       mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
-    r = jnp.cos(jnp.arange(M * N, dtype=jnp.float32)).reshape(M, N)
     place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
-    got = jax.jit(jax.grad(lambda a, b: 1e5 * jnp.sum(f(a, b) * r), (0, 1)))(
+    got = jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b) * r), (0, 1)))(
         place(x, x_spec), place(w, w_spec))
-    want = jax.grad(lambda a, b: 1e5 * jnp.sum(
+    want = jax.grad(lambda a, b: jnp.sum(
         jnp.matmul(a, b, preferred_element_type=jnp.float32) * r), (0, 1))(x, w)
+    return got, want
+
+  @parameterized.product(schedule=SCHEDULES)
+  def test_fp16_grads_with_an_fp32_output_and_a_large_cotangent(self, schedule):
+    # d loss / d out = 1e5 (a loss scale): above fp16's 65504, so the backward's cast of the
+    # fp32 cotangent to fp16 made it inf and every dx, dw NaN, although they fit fp16.
+    x, w, _ = test_util.random_inputs(self.seed(0), (M, K), (K, N), jnp.float16)
+    r = 1e5 * jnp.cos(jnp.arange(M * N, dtype=jnp.float32)).reshape(M, N)
+    got, want = self.fp16_grads_with_an_fp32_output(schedule, x * 1e-2, w * 1e-2, r)
     for g, ref, what in zip(got, want, ("dx", "dw")):
       self.assertTrue(bool(jnp.isfinite(g).all()), what)
       self.assertLess(test_util.rel_err(g, np.asarray(ref, np.float64)), 2e-3, what)
@@ -355,21 +359,10 @@ class CollectiveMatmulTestBase(parameterized.TestCase):
     # One inf in d loss / d out: the fp16 scale came from max |g| = inf, so s = 0, and every
     # dx and dw of every rank was NaN.  Only the rows / columns that meet the inf may be
     # non-finite, as in the dense gradient; the rest must match it.
-    tp = 2
-    mesh = test_util.mesh_1d(tp)
-    x_spec, w_spec, out_spec = test_util.specs(schedule, 0)
     x, w, _ = test_util.random_inputs(self.seed(0), (M, K), (K, N), jnp.float16)
-    f = jax.shard_map(lambda a, b: call_public_api(schedule, a, b, None, axis_name="tp",
-                                                   out_dtype=jnp.float32,
-                                                   implementation=self.IMPLEMENTATION),
-                      mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
     r = np.cos(np.arange(M * N, dtype=np.float32)).reshape(M, N)
     r[1, 2] = np.inf
-    place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
-    got = jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b) * r), (0, 1)))(
-        place(x, x_spec), place(w, w_spec))
-    want = jax.grad(lambda a, b: jnp.sum(
-        jnp.matmul(a, b, preferred_element_type=jnp.float32) * r), (0, 1))(x, w)
+    got, want = self.fp16_grads_with_an_fp32_output(schedule, x, w, r)
     for g, ref, what in zip(got, want, ("dx", "dw")):
       g, ref = np.asarray(g, np.float64), np.asarray(ref, np.float64)
       finite = np.isfinite(ref)
