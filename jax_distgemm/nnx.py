@@ -35,23 +35,48 @@ default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
 
 
+class _ByIdentity:
+  """A callable that hashes and compares by the function it wraps: the layout cache
+  (_sharded_linear) hashes the op, and a callable may have no hash (a dataclass with
+  __call__)."""
+
+  def __init__(self, fn: Callable):
+    self.fn = fn
+
+  def __call__(self, *args, **kwargs):
+    return self.fn(*args, **kwargs)
+
+  def __hash__(self):
+    return id(self.fn)
+
+  def __eq__(self, other):
+    return isinstance(other, _ByIdentity) and other.fn is self.fn
+
+
 def _per_shard_op(implementation) -> Callable:
   """The injected implementation as fn(x, w, *, axis_name, schedule, out_dtype) per shard."""
-  if not (implementation is None or isinstance(implementation, str) or callable(implementation)):
-    # (before the cache, which would hash it first: "unhashable type: 'list'")
+  if callable(implementation):
+    return implementation if _hashable(implementation) else _ByIdentity(implementation)
+  if not (implementation is None or isinstance(implementation, str)):
     raise TypeError(f"implementation: expected a name, None or a callable, got "
                     f"{implementation!r}")
-  return _cached_per_shard_op(implementation)
+  if implementation is not None and implementation not in api.IMPLEMENTATIONS:
+    raise ValueError(f"implementation: expected one of {api.IMPLEMENTATIONS}, None or a "
+                     f"callable, got {implementation!r}")
+  return _named_op(implementation)
+
+
+def _hashable(fn) -> bool:
+  try:
+    hash(fn)
+  except TypeError:
+    return False
+  return True
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_per_shard_op(implementation) -> Callable:
-  if isinstance(implementation, str) and implementation not in api.IMPLEMENTATIONS:
-    raise ValueError(f"implementation: expected one of {api.IMPLEMENTATIONS}, None or a "
-                     f"callable, got {implementation!r}")
-  if implementation is None or isinstance(implementation, str):
-    return functools.partial(api.distributed_matmul, implementation=implementation)
-  return implementation  # a callable
+def _named_op(implementation: str | None) -> Callable:
+  return functools.partial(api.distributed_matmul, implementation=implementation)
 
 
 @functools.lru_cache(maxsize=256)

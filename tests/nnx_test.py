@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import test_util  # noqa: I001  (first: configures JAX before it initializes)
 
+import dataclasses
 import itertools
 
 import jax
@@ -398,6 +399,22 @@ class BatchAxesTest(parameterized.TestCase):
       self.assertIn("Total Parameters: 1,592", table)  # both layers' kernels and biases
       self.assertEqual(mlp(x).shape, (B, S, D_IN))
       tp_nnx.RowParallelLinear(D_OUT, D_IN, rngs=nnx.Rngs(1))  # the classes still work
+
+  def test_an_unhashable_callable_implementation(self):
+    # A dataclass with __call__ has no hash; the layout cache hashed it ("unhashable type").
+    @dataclasses.dataclass
+    class Impl:
+      name: str = "xla"
+
+      def __call__(self, x, w, *, axis_name, schedule, out_dtype):
+        return jax_distgemm.distributed_matmul(x, w, axis_name=axis_name, schedule=schedule,
+                                               out_dtype=out_dtype, implementation=self.name)
+
+    x = random_x(0, (B, S, D_IN))
+    lay = tp_nnx.ColumnParallelLinear(D_IN, D_OUT, implementation=Impl(), mesh=self.mesh,
+                                      batch_axis=("data", "fsdp"), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(np.asarray(lay(x)), dense(x, *params_np(lay)), rtol=1e-4,
+                               atol=1e-4)
 
   def test_unhashable_implementation(self):
     for bad in (["ffi"], {"impl": "ffi"}, 3):

@@ -399,6 +399,20 @@ class AutoPartitioningTest(parameterized.TestCase):
     self.assertLess(test_util.rel_err(jax.jit(f)(xd, wd), test_util.reference_np(x, w)), 1e-5)
     self.assertEqual(counts(f, xd, wd)["jax_distgemm"], 0)
 
+  @parameterized.product(axis_type=(AxisType.Auto, AxisType.Explicit), mode=("eager", "jit"))
+  def test_a_size_one_axis_named_or_not_is_the_same_layout(self, axis_type, mode):
+    # x names "data" (size 1), out_sharding does not, or the reverse: the same layout, which the
+    # shard_map path (eager, Explicit axes) refused ("asks for ... but that gives").
+    mesh = jax.make_mesh((1, 8), ("data", "tp"), devices=test_util.cpu_devices(8),
+                         axis_types=(axis_type,) * 2)
+    for x_spec, out_spec in ((P("data", "tp", None), P(None, None, "tp")),
+                             (P(None, "tp", None), P("data", None, "tp"))):
+      (x, w), (xd, wd) = put(mesh, x_spec, P(None, "tp"))
+      f = lambda a, b, o=out_spec: jax_distgemm.collective_matmul(
+          a, b, out_sharding=NamedSharding(mesh, o), implementation="ffi")
+      out = (f if mode == "eager" else jax.jit(f))(xd, wd)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
+
   @parameterized.product(schedule=tuple(Schedule), shape=((1, 8), (4, 1)))
   def test_mesh_axes_of_size_one(self, schedule, shape):
     # Shardy drops axes of size 1 from the shardings it propagates: a requested out_sharding
@@ -412,6 +426,21 @@ class AutoPartitioningTest(parameterized.TestCase):
         a, b, out_sharding=NamedSharding(mesh, out_spec), implementation="ffi")
     self.assertLess(test_util.rel_err(jax.jit(f)(xd, wd), test_util.reference_np(x, w)), 1e-5)
     self.assertEqual(counts(f, xd, wd)["jax_distgemm"], 1 if shape[1] > 1 else 0)
+
+  @parameterized.parameters("dot", "error")
+  def test_an_axis_the_mesh_lacks(self, fallback):
+    # The TP = 1 check read mesh.shape[axis] first: a KeyError inside XLA's compile, also with
+    # fallback="dot", which ran the plain dot before.
+    mesh = jax.make_mesh((2, 4), ("data", "model"), devices=test_util.cpu_devices(8),
+                         axis_types=(AxisType.Auto,) * 2)
+    (x, w), (xd, wd) = put(mesh, P("data", "model", None), P(None, "model"))
+    f = jax.jit(lambda a, b: jax_distgemm.collective_matmul(a, b, fallback=fallback))
+    if fallback == "dot":
+      self.assertLess(test_util.rel_err(f(xd, wd), test_util.reference_np(x, w)), 1e-5)
+    else:
+      with self.assertRaisesRegex(Exception, r"axis 'tp' is not an axis of the mesh "
+                                  r"\('data', 'model'\)"):
+        f(xd, wd)
 
   @parameterized.named_parameters(("on_n", P(None, None, "tp")), ("on_batch", P("tp", None, None)),
                                   ("on_m", P(None, "tp", None)))

@@ -174,11 +174,12 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
   if w_ndim > 2 and list(we[:nb]) != list(batch):
     return no(f"{shown}: a batched w must be sharded like x on the batch dims")
   xk, wk = xe[-1], we[-2]
+  w_laid = we  # w as the plan lays it out
   extra = tuple(a for a in wk if a not in xk)
   if xk != wk and extra and axis not in extra and tuple(a for a in wk if a in xk) == xk:
     # An FSDP-sharded weight: w's K carries mesh axes x's does not; XLA gathers w over them
     # (shard_map's in_specs, or reshard) before the fused op, as FSDP does before a layer.
-    we = we[:-2] + [xk, we[-1]]
+    w_laid = we[:-2] + [xk, we[-1]]
     wk = xk
   if xk != wk:
     return no(f"{shown}: x and w must be sharded alike on the contraction K, up to mesh "
@@ -208,7 +209,7 @@ def plan(x_spec, w_spec, out_spec, *, x_ndim: int, w_ndim: int, axis: str = "tp"
   if oe is not None and not out_is_hint and _trim(_spec(oe)) != _trim(_spec(out)):
     return no(f"{shown}: out_sharding {_spec(oe)} asks for {schedule.name} but that gives "
               f"{_spec(out)} (mesh axes other than {axis!r} pass through from x and w)")
-  return Plan(schedule, _spec(xe), _spec(we), _spec(out), psum_axes)
+  return Plan(schedule, _spec(xe), _spec(w_laid), _spec(out), psum_axes)
 
 
 # -- Per-shard bodies ------------------------------------------------------------------------------
@@ -462,6 +463,11 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   if axis not in mesh.axis_names:
     raise ValueError(f"axis: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
   _check_out_mesh(out_mesh, mesh)
+  # Axes of size 1 shard nothing: a spec naming one is the same layout as one that does not.
+  x_spec, w_spec = (_without_size_one(x_spec, mesh, x_ndim, "x"),
+                    _without_size_one(w_spec, mesh, w_ndim, "w"))
+  if out_spec is not None:
+    out_spec = _without_size_one(out_spec, mesh, x_ndim, "out_sharding")
   p = plan(x_spec, w_spec, out_spec, x_ndim=x_ndim, w_ndim=w_ndim, axis=axis)
   if p.schedule is None:
     if fallback == "error":
@@ -591,7 +597,7 @@ def _fold_partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
 
 def _without_size_one(spec, mesh, ndim: int, what: str) -> P:
   """`spec` without the mesh axes of size 1.  NOTE: Shardy drops them from the shardings it
-  propagates, so the operands' specs never name them, while a requested spec may."""
+  propagates, so there the operands' specs never name them, while a requested spec may."""
   entries = _entries(spec, ndim, what)
   return _spec([tuple(a for a in e if mesh.shape.get(a) != 1) for e in entries])
 
@@ -621,6 +627,11 @@ def _partition(cfg: _AutoConfig, mesh, arg_shapes, result_shape):
     d = _dot_plan(x_spec, w_spec, len(xs.shape), len(ws.shape))
     return (mesh, _dot_body(d, o), named(d.out_spec), (named(d.x_spec), named(d.w_spec)) + like)
 
+  if o.axis not in mesh.shape:
+    if cfg.fallback == "dot":
+      return dot()
+    raise ValueError(f"jax_distgemm.collective_matmul: axis {o.axis!r} is not an axis of the "
+                     f"mesh {tuple(mesh.axis_names)}")
   if mesh.shape[o.axis] == 1:  # TP = 1 (Shardy dropped "tp" too): nothing to fuse
     return dot()
   p = plan(x_spec, w_spec, out_spec, x_ndim=len(xs.shape), w_ndim=len(ws.shape), axis=o.axis,
