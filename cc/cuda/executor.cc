@@ -1035,16 +1035,17 @@ std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
                             const CallBuffers& buffers, const CallOptions& options,
                             cudaStream_t stream) {
   // NOTE: a member whose workspace growth failed in an earlier call (cudaMalloc, while the
-  // others' succeeded) holds less than this call needs, or none: pushes and remote stores into
-  // it would hit a null or short address.  Fail before anything is enqueued (no epoch taken).
+  // others' succeeded; or, across processes, a setup that timed out after the peers' unmapping)
+  // holds less than this call needs, or none: pushes and remote stores into it would hit a
+  // null or short address.  Fail before anything is enqueued (no epoch taken).
   const size_t need = WorkspaceBytes(p, options);
   for (int q = 0; q < group.tp(); ++q) {
     const DeviceState& d = group.dev(q);
     if (d.workspace_bytes < need) {
       std::ostringstream m;
       m << "the symmetric workspace of device " << d.id << " holds " << d.workspace_bytes
-        << " bytes, this call needs " << need << " (its allocation failed in an earlier call); "
-        << "the group cannot run calls this large in this process";
+        << " bytes, this call needs " << need << " (its allocation, or the group's setup, failed "
+        << "in an earlier call); the group cannot run calls this large in this process";
       return m.str();
     }
   }
