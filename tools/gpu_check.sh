@@ -11,7 +11,8 @@
 #
 # --virtual-tp-only (also part of the default, after the GPU tests): every schedule and data path
 # at TP=2-8 (batched, f16, f32 output at TP=4) on ONE GPU, the ranks sharing it, the AllGather
-# cases with a gathered result among them, a control run that must fail, and at TP 2 and 8 a
+# cases with a gathered result among them, every case back to back with no synchronization
+# between calls (--sequence 1, at TP 2, 3, 4, 8), a control run that must fail, and at TP 2 and 8 a
 # dead peer in the gathered cases, which must end in timeouts, not a hang
 # (tools/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a
 # CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
@@ -65,12 +66,14 @@ virtual_tp() {
     return 2
   fi
   # name: arguments.  TP 3, 5, 6, 7 at 1680 (divisible by each, 16-byte rows, partial tiles);
-  # batches and the other types at TP=4.
+  # batches and the other types at TP=4; seq_*: every case back to back, no sync between calls.
   local runs=("tp2:--tp 2" "tp4:--tp 4" "tp8:--tp 8"
               "tp3_1680:--tp 3 --m 1680 --n 1680 --k 1680" "tp5_1680:--tp 5 --m 1680 --n 1680 --k 1680"
               "tp6_1680:--tp 6 --m 1680 --n 1680 --k 1680" "tp7_1680:--tp 7 --m 1680 --n 1680 --k 1680"
               "tp4_batch2:--tp 4 --batch 2" "tp4_f16:--tp 4 --f16 1" "tp4_bf16_f32out:--tp 4 --out-f32 1"
-              "tp4_f16_f32out:--tp 4 --f16 1 --out-f32 1")
+              "tp4_f16_f32out:--tp 4 --f16 1 --out-f32 1"
+              "seq_tp2:--tp 2 --sequence 1" "seq_tp4:--tp 4 --sequence 1" "seq_tp8:--tp 8 --sequence 1"
+              "seq_tp3_1680:--tp 3 --m 1680 --n 1680 --k 1680 --sequence 1")
   local run name args
   for run in "${runs[@]}"; do
     name=${run%%:*}; args=${run#*:}

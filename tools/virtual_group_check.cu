@@ -22,8 +22,10 @@
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
-//       [--control 1] [--fault 1] [--group-per-case 1]
+//       [--control 1] [--fault 1] [--group-per-case 1] [--sequence 1]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
+// --sequence 1: instead, every case once per round (--calls rounds), all enqueued back to back
+// by each rank with no synchronization between calls, then every call checked (RunSequence).
 // --fault 1: rank 0 never pushes (CallOptions::skip_signals) in the "+gathered" cases; each
 // passes if every rank returns (no hang: the copy stream's waits on its own grid's marks must
 // end, executor.cc CopyGathered) and ranks 1..TP-1 report the peer timeout.
@@ -225,76 +227,217 @@ const char* kPhaseNames[] = {"idle", "EnsureReady", "EnqueueDistGemm", "cudaStre
 std::atomic<int> g_phase[8];
 std::atomic<int> g_call{-1};
 
+constexpr float kAlpha = 1.5f;
+
+// One call of one case on every rank: its problem, options and each rank's buffers.
+struct CallData {
+  Case c;
+  jdg::Problem p;
+  jc::CallOptions opt;
+  int tp = 0;
+  int64_t xs[2], ws[2], os[2];
+  int64_t x_elems = 0, out_elems = 0, shard_elems = 0;
+  std::vector<void*> x, w, out, gathered;
+  std::vector<float*> ref, got;
+
+  // "" or why the case does not apply at these shapes (MakeProblem's refusal: a SKIP).
+  std::string Init(const Case& cs, int tp_, const Shapes& g, int64_t timeout_ms) {
+    c = cs;
+    tp = tp_;
+    LocalShapes(c.schedule, tp, g, xs, ws, os);
+    const jdg::ElemType in_type = g_f16 ? jdg::ElemType::kF16 : jdg::ElemType::kBF16;
+    const jdg::ElemType out_type = g_out_f32 ? jdg::ElemType::kF32 : in_type;
+    const int64_t x_dims[3] = {g_batch, xs[0], xs[1]}, out_dims[3] = {g_batch, os[0], os[1]};
+    const int rank = g_batch > 1 ? 3 : 2;  // x and out [L, ., .] only when batched
+    if (std::string err = jdg::MakeProblem(c.schedule, tp, x_dims + 3 - rank, rank, ws, 2,
+                                           out_dims + 3 - rank, rank, in_type, in_type,
+                                           out_type, false, nullptr, 0, kAlpha, 0.f, &p);
+        !err.empty()) {
+      return err;
+    }
+    opt.timeout_ms = timeout_ms;
+    opt.poison_output = true;  // unwritten tiles read NaN
+    opt.rs_path = c.rs_path;
+    opt.rs_fused = c.rs_fused;
+    opt.fuse_stages = c.fuse_stages;
+    opt.ag_chunks = c.ag_chunks;
+    // NOTE: every launch waits for the one before it.  With overlap (the default), each stage
+    // launch lets the next one start at once (programmatic dependent launch), so one rank can
+    // hold many grids spinning on flags, and on a shared GPU they take the SMs that the ranks
+    // that set those flags need: the first runs timed out in copy_ring at TP >= 4.  (On separate
+    // GPUs the flag's producer never needs this GPU's SMs.)  Waiting bounds a rank to two
+    // resident grids, which the SM cap (Run*) leaves room for.
+    opt.overlap_stages = false;
+    x_elems = g_batch * xs[0] * xs[1];
+    out_elems = g_batch * os[0] * os[1];
+    // The gathered operand: x's rows (RotatingA, [L, TP xm, xk]) or w's columns (RotatingB,
+    // [wk, TP wn]) of every rank, 16-bit like the shards; rank j's shard is row block j of each
+    // of p.GatheredRows() rows (Problem::GatheredRows / GatheredWidth).
+    shard_elems = RotA() ? x_elems : ws[0] * ws[1];
+    return "";
+  }
+  bool RotA() const { return c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA; }
+  bool AllGather() const {
+    return RotA() || c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB;
+  }
+  size_t OutSize() const { return g_out_f32 ? 4 : 2; }
+
+  void Alloc() {
+    x.assign(tp, nullptr), w.assign(tp, nullptr), out.assign(tp, nullptr);
+    gathered.assign(tp, nullptr), ref.assign(tp, nullptr), got.assign(tp, nullptr);
+    for (int r = 0; r < tp; ++r) {
+      CHECK_CUDA(cudaMalloc(&x[r], x_elems * 2));
+      CHECK_CUDA(cudaMalloc(&w[r], ws[0] * ws[1] * 2));
+      CHECK_CUDA(cudaMalloc(&out[r], out_elems * OutSize()));
+      CHECK_CUDA(cudaMalloc(&ref[r], out_elems * 4));
+      CHECK_CUDA(cudaMalloc(&got[r], out_elems * 4));
+      if (c.gathered) CHECK_CUDA(cudaMalloc(&gathered[r], tp * shard_elems * 2));
+    }
+  }
+  void Free() {
+    for (int r = 0; r < int(x.size()); ++r) {
+      cudaFree(x[r]), cudaFree(w[r]), cudaFree(out[r]), cudaFree(ref[r]), cudaFree(got[r]);
+      if (gathered[r] != nullptr) cudaFree(gathered[r]);
+    }
+    x.clear(), w.clear(), out.clear(), gathered.clear(), ref.clear(), got.clear();
+  }
+
+  // Fresh operands from `seed` (a stale slot of an earlier call cannot pass), the gathered
+  // result poisoned, and every rank's expected output (--control: its right neighbour's).
+  // Enqueued on the legacy stream: synchronize before the ranks' streams read them.
+  void Prepare(uint32_t seed, const Shapes& g) {
+    for (int r = 0; r < tp; ++r) {
+      Fill(x[r], x_elems, seed + 2u * r + 1u);
+      Fill(w[r], ws[0] * ws[1], seed + 2u * r + 2u);
+      if (c.gathered) CHECK_CUDA(cudaMemset(gathered[r], 0xff, tp * shard_elems * 2));  // NaNs
+    }
+    for (int r = 0; r < tp; ++r) {
+      Expected(c.schedule, tp, control ? (r + 1) % tp : r, g, x, w, ref[r]);
+    }
+  }
+
+  // Rank r's call: its buffers and options (rank 0 skips its signals with --fault).
+  std::string Enqueue(int r, jc::PeerGroup& group, cudaStream_t stream) const {
+    jc::CallOptions mine = opt;
+    mine.skip_signals = fault && r == 0;
+    return jc::EnqueueDistGemm(p, r, group, {x[r], w[r], nullptr, out[r], gathered[r]}, mine,
+                               stream);
+  }
+
+  // "" or "<label> rank R: <first mismatch>", the ranks in order; raises *worst.
+  // |out - alpha ref| against the reference's largest magnitude.  Each 16-bit rounding costs up
+  // to 2^-8 of it (bf16; f16 less): the output's, and on ReduceScatter each of the TP - 1
+  // running sums' (slots of the output type; fp32 output: fp32 sums).  A missing or misplaced
+  // tile or partial is O(1).  The gathered operand must equal the shards bit for bit.
+  std::string Check(const std::string& label, double* worst) {
+    const double tol = 1e-3 + (g_out_f32 ? 0.0 : std::ldexp(1.0, -8) * (AllGather() ? 1 : tp));
+    std::vector<float> h(out_elems), hr(out_elems);
+    std::vector<uint16_t> want_g, got_g;
+    if (c.gathered) {  // from every rank's shard (--control: rank j+1's in block j)
+      const int64_t g_rows = p.GatheredRows(), g_width = p.GatheredWidth();
+      want_g.resize(tp * shard_elems);
+      got_g.resize(tp * shard_elems);
+      std::vector<uint16_t> shard(shard_elems);
+      for (int j = 0; j < tp; ++j) {
+        const int src = control ? (j + 1) % tp : j;
+        CHECK_CUDA(cudaMemcpy(shard.data(), RotA() ? x[src] : w[src], shard_elems * 2,
+                              cudaMemcpyDeviceToHost));
+        for (int64_t row = 0; row < g_rows; ++row) {
+          std::memcpy(&want_g[(row * tp + j) * g_width], &shard[row * g_width], g_width * 2);
+        }
+      }
+    }
+    for (int r = 0; r < tp; ++r) {
+      const std::string where = label + " rank " + std::to_string(r) + ": ";
+      if (c.gathered) {
+        CHECK_CUDA(cudaMemcpy(got_g.data(), gathered[r], tp * shard_elems * 2,
+                              cudaMemcpyDeviceToHost));
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < tp * shard_elems; ++i) {
+          if (got_g[i] != want_g[i]) {
+            if (first < 0) first = i;
+            ++bad;
+          }
+        }
+        if (bad > 0) {
+          return where + "gathered differs from the shards at " + std::to_string(bad) +
+                 " elements (first " + std::to_string(first) + ")";
+        }
+      }
+      if (g_out_f32) {
+        CHECK_CUDA(cudaMemcpy(got[r], out[r], out_elems * 4, cudaMemcpyDeviceToDevice));
+      } else if (g_f16) {
+        ToFloatKernel<<<264, 256>>>(static_cast<const __half*>(out[r]), got[r], out_elems);
+      } else {
+        ToFloatKernel<<<264, 256>>>(static_cast<const __nv_bfloat16*>(out[r]), got[r], out_elems);
+      }
+      CHECK_CUDA(cudaMemcpy(h.data(), got[r], out_elems * 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(hr.data(), ref[r], out_elems * 4, cudaMemcpyDeviceToHost));
+      double max_ref = 0, max_err = 0;
+      for (int64_t i = 0; i < out_elems; ++i) {
+        const float v = h[i];
+        const double want = double(kAlpha) * hr[i];
+        max_ref = std::max(max_ref, std::fabs(want));
+        const double e = std::isfinite(v) ? std::fabs(v - want) : INFINITY;
+        max_err = std::max(max_err, e);
+      }
+      const double rel = max_err / std::max(max_ref, 1e-30);
+      *worst = std::max(*worst, rel);
+      if (!(rel <= tol)) {
+        return where + "max |out - ref| / max |ref| = " + std::to_string(rel) + " > " +
+               std::to_string(tol);
+      }
+    }
+    return "";
+  }
+};
+
+// The run's one group (global ids 1000 + r, all on ordinal 0), reset (flags, epochs, error
+// record) after whatever ran on it before; or, with --group-per-case 1, a fresh group whose
+// flags and epochs start at 0 (distinct ids from `group_base`).
+jc::PeerGroup* GroupFor(int tp, int group_base, std::string* err) {
+  std::vector<int64_t> ids(tp);
+  for (int r = 0; r < tp; ++r) ids[r] = (group_per_case ? group_base : 1000) + r;
+  jc::PeerGroup* group = jc::GetPeerGroup(ids, std::vector<int>(tp, 0));
+  if (!group_per_case) *err = group->Reset();
+  return group;
+}
+
+// The ranks share one GPU's SMs: each rank's persistent grids get at most 132 / (2 TP), so that
+// every rank's two resident grids (CallData::Init's NOTE) fit at once.
+int SmCap(int tp) { return std::max(2, (132 / (2 * tp)) & ~1); }
+
+void ReportSlowOrFailed(int call, int r, double ms, const std::string& err,
+                        jc::PeerGroup& group) {
+  if (ms > 1000 || !err.empty() || verbose) {
+    const jc::CopyStreamReport& cs = group.dev(r).copy_stream_report;
+    std::printf("  call %d rank %d: %.0f ms, copy stream independent %d (%d candidates)%s%s\n",
+                call, r, ms, cs.independent, cs.candidates, err.empty() ? "" : ": ",
+                err.c_str());
+    std::fflush(stdout);
+  }
+}
+
 // Runs `calls` calls of one case (on the run's group and its main streams `run_streams`, or,
-// with `run_streams` empty, a fresh group and streams of its own); returns whether every output
-// matched.
+// with --group-per-case 1, a fresh group and streams of its own), synchronizing every rank
+// after each; returns whether every output matched.
 bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_ms,
              int group_base, const std::vector<cudaStream_t>& run_streams) {
-  int64_t xs[2], ws[2], os[2];
-  LocalShapes(c.schedule, tp, g, xs, ws, os);
-  jdg::Problem p;
-  const float alpha = 1.5f;
-  const jdg::ElemType in_type = g_f16 ? jdg::ElemType::kF16 : jdg::ElemType::kBF16;
-  const jdg::ElemType out_type = g_out_f32 ? jdg::ElemType::kF32 : in_type;
-  const int64_t x_dims[3] = {g_batch, xs[0], xs[1]}, out_dims[3] = {g_batch, os[0], os[1]};
-  const int rank = g_batch > 1 ? 3 : 2;  // x and out [L, ., .] only when batched
-  if (std::string err = jdg::MakeProblem(c.schedule, tp, x_dims + 3 - rank, rank, ws, 2,
-                                         out_dims + 3 - rank, rank, in_type, in_type, out_type,
-                                         false, nullptr, 0, alpha, 0.f, &p);
-      !err.empty()) {
+  CallData d;
+  if (std::string err = d.Init(c, tp, g, timeout_ms); !err.empty()) {
     std::printf("%-36s %-22s SKIP (%s)\n", jdg::ScheduleName(c.schedule), PathName(c),
                 err.c_str());
     return true;
   }
-  // A fresh group per case (distinct global ids, all on ordinal 0): flags and epochs start at 0;
-  // or the run's one group, reset (flags, epochs, error record) after the previous case.
-  std::vector<int64_t> ids(tp);
-  for (int r = 0; r < tp; ++r) ids[r] = (group_per_case ? group_base : 1000) + r;
-  jc::PeerGroup* group = jc::GetPeerGroup(ids, std::vector<int>(tp, 0));
-  if (!group_per_case) {
-    if (std::string err = group->Reset(); !err.empty()) {
-      std::printf("%-36s %-22s FAIL  reset: %s\n", jdg::ScheduleName(c.schedule), PathName(c),
-                  err.c_str());
-      return false;
-    }
+  std::string reset_err;
+  jc::PeerGroup* group = GroupFor(tp, group_base, &reset_err);
+  if (!reset_err.empty()) {
+    std::printf("%-36s %-22s FAIL  reset: %s\n", jdg::ScheduleName(c.schedule), PathName(c),
+                reset_err.c_str());
+    return false;
   }
-  jc::CallOptions opt;
-  opt.timeout_ms = timeout_ms;
-  opt.poison_output = true;  // unwritten tiles read NaN
-  opt.rs_path = c.rs_path;
-  opt.rs_fused = c.rs_fused;
-  opt.fuse_stages = c.fuse_stages;
-  opt.ag_chunks = c.ag_chunks;
-  // NOTE: every launch waits for the one before it.  With overlap (the default), each stage
-  // launch lets the next one start at once (programmatic dependent launch), so one rank can hold
-  // many grids spinning on flags, and on a shared GPU they take the SMs that the ranks that set
-  // those flags need: the first runs timed out in copy_ring at TP >= 4.  (On separate GPUs the
-  // flag's producer never needs this GPU's SMs.)  Waiting bounds a rank to two resident grids,
-  // which the SM cap below leaves room for.
-  opt.overlap_stages = false;
-  const size_t ws_bytes = jc::WorkspaceBytes(p, opt);
-  const bool all_gather = c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
-                          c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB;
-  const int sm_cap = std::max(2, (132 / (2 * tp)) & ~1);
-
-  std::vector<void*> x(tp), w(tp), out(tp), gathered(tp, nullptr);
-  std::vector<float*> ref(tp), got(tp);
-  const int64_t x_elems = g_batch * xs[0] * xs[1], out_elems = g_batch * os[0] * os[1];
-  // The gathered operand: x's rows (RotatingA, [L, TP xm, xk]) or w's columns (RotatingB,
-  // [wk, TP wn]) of every rank, 16-bit like the shards; rank j's shard is row block j of each
-  // of `g_rows` rows (Problem::GatheredRows / GatheredWidth).
-  const bool rot_a = c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-  const int64_t shard_elems = rot_a ? x_elems : ws[0] * ws[1];
-  const int64_t g_rows = p.GatheredRows(), g_width = p.GatheredWidth();
-  const size_t out_size = g_out_f32 ? 4 : 2;
-  for (int r = 0; r < tp; ++r) {
-    CHECK_CUDA(cudaMalloc(&x[r], x_elems * 2));
-    CHECK_CUDA(cudaMalloc(&w[r], ws[0] * ws[1] * 2));
-    CHECK_CUDA(cudaMalloc(&out[r], out_elems * out_size));
-    CHECK_CUDA(cudaMalloc(&ref[r], out_elems * 4));
-    CHECK_CUDA(cudaMalloc(&got[r], out_elems * 4));
-    if (c.gathered) CHECK_CUDA(cudaMalloc(&gathered[r], tp * shard_elems * 2));
-  }
+  const size_t ws_bytes = jc::WorkspaceBytes(d.p, d.opt);
+  d.Alloc();
   // Each rank's main stream, created before the group's copy streams (first call's setup):
   // the run's (main), or this case's own with --group-per-case 1.
   std::vector<cudaStream_t> streams = run_streams;
@@ -308,15 +451,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
   double worst = 0;
   std::string first_error;
   for (int call = 0; call < calls && ok; ++call) {
-    // Fresh operands each call, so that a stale slot of the previous call cannot pass.
-    for (int r = 0; r < tp; ++r) {
-      Fill(x[r], x_elems, 1000u * call + 2u * r + 1u);
-      Fill(w[r], ws[0] * ws[1], 1000u * call + 2u * r + 2u);
-      if (c.gathered) CHECK_CUDA(cudaMemset(gathered[r], 0xff, tp * shard_elems * 2));  // NaNs
-    }
-    for (int r = 0; r < tp; ++r) {
-      Expected(c.schedule, tp, control ? (r + 1) % tp : r, g, x, w, ref[r]);
-    }
+    d.Prepare(1000u * call, g);
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<std::string> errors(tp);
     for (int r = 0; r < tp; ++r) g_phase[r] = kIdle;
@@ -331,14 +466,9 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
         g_phase[r] = kSetup;
         std::string err =
             group->EnsureReady(r, ws_bytes, stream, group_base * 100 + call, timeout_ms);
-        group->dev(r).sm_count = std::min(group->dev(r).sm_count, sm_cap);
+        group->dev(r).sm_count = std::min(group->dev(r).sm_count, SmCap(tp));
         g_phase[r] = kEnqueue;
-        if (err.empty()) {
-          jc::CallOptions mine = opt;
-          mine.skip_signals = fault && r == 0;
-          err = jc::EnqueueDistGemm(p, r, *group, {x[r], w[r], nullptr, out[r], gathered[r]},
-                                    mine, stream);
-        }
+        if (err.empty()) err = d.Enqueue(r, *group, stream);
         g_phase[r] = kSync;
         if (cudaError_t e = cudaStreamSynchronize(stream); err.empty() && e != cudaSuccess) {
           err = cudaGetErrorString(e);
@@ -346,15 +476,10 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
         g_phase[r] = kDone;
         if (err.empty()) err = group->PendingError();
         errors[r] = err;
-        const double ms = std::chrono::duration<double, std::milli>(
-                              std::chrono::steady_clock::now() - start).count();
-        if (ms > 1000 || !err.empty() || verbose) {
-          const jc::CopyStreamReport& cs = group->dev(r).copy_stream_report;
-          std::printf("  call %d rank %d: %.0f ms, copy stream independent %d (%d candidates)"
-                      "%s%s\n", call, r, ms, cs.independent, cs.candidates,
-                      err.empty() ? "" : ": ", err.c_str());
-          std::fflush(stdout);
-        }
+        ReportSlowOrFailed(call, r,
+                           std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - start).count(),
+                           err, *group);
       });
     }
     for (auto& t : threads) t.join();
@@ -378,76 +503,8 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
         first_error = "rank " + std::to_string(r) + ": " + errors[r];
       }
     }
-    if (!first_error.empty()) {
-      ok = false;
-      break;
-    }
-    // Compare: |out - alpha ref| against the reference's largest magnitude.  Each 16-bit
-    // rounding costs up to 2^-8 of it (bf16; f16 less): the output's, and on ReduceScatter each
-    // of the TP - 1 running sums' (slots of the output type; fp32 output: fp32 sums).  A missing
-    // or misplaced tile or partial is O(1).
-    const double tol = 1e-3 + (g_out_f32 ? 0.0 : std::ldexp(1.0, -8) * (all_gather ? 1 : tp));
-    std::vector<float> h(out_elems), hr(out_elems);
-    // Expected gathered operand, from every rank's shard (--control: rank j+1's in block j).
-    std::vector<uint16_t> want_g, got_g;
-    if (c.gathered) {
-      want_g.resize(tp * shard_elems);
-      got_g.resize(tp * shard_elems);
-      std::vector<uint16_t> shard(shard_elems);
-      for (int j = 0; j < tp; ++j) {
-        const int src = control ? (j + 1) % tp : j;
-        CHECK_CUDA(cudaMemcpy(shard.data(), rot_a ? x[src] : w[src], shard_elems * 2,
-                              cudaMemcpyDeviceToHost));
-        for (int64_t row = 0; row < g_rows; ++row) {
-          std::memcpy(&want_g[(row * tp + j) * g_width], &shard[row * g_width], g_width * 2);
-        }
-      }
-    }
-    for (int r = 0; r < tp && ok; ++r) {
-      if (c.gathered) {
-        CHECK_CUDA(cudaMemcpy(got_g.data(), gathered[r], tp * shard_elems * 2,
-                              cudaMemcpyDeviceToHost));
-        int64_t bad = 0, first = -1;
-        for (int64_t i = 0; i < tp * shard_elems; ++i) {
-          if (got_g[i] != want_g[i]) {
-            if (first < 0) first = i;
-            ++bad;
-          }
-        }
-        if (bad > 0) {
-          ok = false;
-          first_error = "call " + std::to_string(call) + " rank " + std::to_string(r) +
-                        ": gathered differs from the shards at " + std::to_string(bad) +
-                        " elements (first " + std::to_string(first) + ")";
-          break;
-        }
-      }
-      if (g_out_f32) {
-        CHECK_CUDA(cudaMemcpy(got[r], out[r], out_elems * 4, cudaMemcpyDeviceToDevice));
-      } else if (g_f16) {
-        ToFloatKernel<<<264, 256>>>(static_cast<const __half*>(out[r]), got[r], out_elems);
-      } else {
-        ToFloatKernel<<<264, 256>>>(static_cast<const __nv_bfloat16*>(out[r]), got[r], out_elems);
-      }
-      CHECK_CUDA(cudaMemcpy(h.data(), got[r], out_elems * 4, cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(hr.data(), ref[r], out_elems * 4, cudaMemcpyDeviceToHost));
-      double max_ref = 0, max_err = 0;
-      for (int64_t i = 0; i < out_elems; ++i) {
-        const float v = h[i];
-        const double want = double(alpha) * hr[i];
-        max_ref = std::max(max_ref, std::fabs(want));
-        const double e = std::isfinite(v) ? std::fabs(v - want) : INFINITY;
-        max_err = std::max(max_err, e);
-      }
-      const double rel = max_err / std::max(max_ref, 1e-30);
-      worst = std::max(worst, rel);
-      if (!(rel <= tol)) {
-        ok = false;
-        first_error = "call " + std::to_string(call) + " rank " + std::to_string(r) +
-                      ": max |out - ref| / max |ref| = " + std::to_string(rel) + " > " +
-                      std::to_string(tol);
-      }
-    }
+    if (first_error.empty()) first_error = d.Check("call " + std::to_string(call), &worst);
+    ok = first_error.empty();
   }
   if (fault) {
     // printed above
@@ -462,17 +519,105 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                 first_error.c_str());
   }
   std::fflush(stdout);
-  for (int r = 0; r < tp; ++r) {
-    if (group_per_case) cudaStreamDestroy(streams[r]);
-    cudaFree(x[r]);
-    cudaFree(w[r]);
-    cudaFree(out[r]);
-    cudaFree(ref[r]);
-    cudaFree(got[r]);
-    if (gathered[r] != nullptr) cudaFree(gathered[r]);
+  if (group_per_case) {
+    for (int r = 0; r < tp; ++r) cudaStreamDestroy(streams[r]);
   }
+  d.Free();
   // A timed-out group keeps its error record until the next case resets it (--group-per-case 1:
   // until the end; later cases use fresh groups).
+  return ok;
+}
+
+// --sequence 1: every case, `rounds` times in a row, one call each, which every rank enqueues
+// back to back with no synchronization between calls, as XLA's per-device threads do; then
+// one synchronization per rank and a check of every call.  What the per-case runs cannot reach:
+// a rank starting a call (of another schedule and data path) while its peers still work on the
+// previous one, so that two calls' flag writes and slot parities meet (design.md, "Epochs
+// instead of resets": one writer per flag word; RingFlags).  Rank 0's stream counts finished
+// calls for the watchdog (a host function after each call).
+bool RunSequence(const Case* cases, int n_cases, int tp, const Shapes& g, int rounds,
+                 int64_t timeout_ms, std::vector<cudaStream_t> streams) {
+  for (int r = int(streams.size()); r < tp; ++r) {  // --group-per-case 1: streams of its own
+    cudaStream_t s;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams.push_back(s);
+  }
+  std::vector<CallData> seq;
+  size_t ws_bytes = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (int i = 0; i < n_cases; ++i) {
+      CallData d;
+      if (!d.Init(cases[i], tp, g, timeout_ms).empty()) continue;  // SKIPs: see the case runs
+      ws_bytes = std::max(ws_bytes, jc::WorkspaceBytes(d.p, d.opt));
+      d.Alloc();
+      d.Prepare(7919u * uint32_t(seq.size() + 1), g);
+      seq.push_back(d);
+    }
+  }
+  std::string err;
+  jc::PeerGroup* group = GroupFor(tp, 100, &err);
+  if (!err.empty()) {
+    std::printf("sequence FAIL  reset: %s\n", err.c_str());
+    return false;
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<std::string> errors(tp);
+  g_call = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      const auto start = std::chrono::steady_clock::now();
+      cudaSetDevice(0);
+      cudaStream_t stream = streams[r];
+      g_phase[r] = kSetup;
+      std::string e = group->EnsureReady(r, ws_bytes, stream, /*run_id=*/1, timeout_ms);
+      group->dev(r).sm_count = std::min(group->dev(r).sm_count, SmCap(tp));
+      g_phase[r] = kEnqueue;
+      for (size_t k = 0; k < seq.size() && e.empty(); ++k) {
+        e = seq[k].Enqueue(r, *group, stream);
+        if (!e.empty()) e = "enqueueing call " + std::to_string(k) + ": " + e;
+        if (r == 0 && e.empty()) {
+          auto bump = [](void*) { g_call.fetch_add(1); };
+          if (cudaLaunchHostFunc(stream, bump, nullptr) != cudaSuccess) e = "cudaLaunchHostFunc";
+        }
+      }
+      g_phase[r] = kSync;
+      if (cudaError_t ce = cudaStreamSynchronize(stream); e.empty() && ce != cudaSuccess) {
+        e = cudaGetErrorString(ce);
+      }
+      g_phase[r] = kDone;
+      if (e.empty()) e = group->PendingError();
+      errors[r] = e;
+      ReportSlowOrFailed(-1, r,
+                         std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - start).count(),
+                         e, *group);
+    });
+  }
+  for (auto& t : threads) t.join();
+  bool ok = true;
+  for (int r = 0; r < tp; ++r) {
+    if (!errors[r].empty()) {
+      std::printf("sequence FAIL  rank %d: %s\n", r, errors[r].c_str());
+      ok = false;
+    }
+  }
+  double worst = 0;
+  int bad = 0;
+  for (size_t k = 0; k < seq.size() && ok; ++k) {
+    const std::string e = seq[k].Check("call " + std::to_string(k), &worst);
+    if (!e.empty()) {
+      ++bad;
+      std::printf("  %-36s %-22s FAIL  %s\n", jdg::ScheduleName(seq[k].c.schedule),
+                  PathName(seq[k].c), e.c_str());
+    }
+  }
+  ok = ok && bad == 0;
+  std::printf("sequence of %zu calls (%d rounds of every case) back to back on %d ranks: %s  "
+              "%d calls wrong, worst rel err %.2e\n",
+              seq.size(), rounds, tp, ok ? "OK  " : "FAIL", bad, worst);
+  std::fflush(stdout);
+  for (CallData& d : seq) d.Free();
   return ok;
 }
 
@@ -508,6 +653,11 @@ int main(int argc, char** argv) {
   g_f16 = Arg(argc, argv, "--f16", 0) != 0;
   g_out_f32 = Arg(argc, argv, "--out-f32", 0) != 0;
   g_batch = std::max<int64_t>(1, Arg(argc, argv, "--batch", 1));
+  const bool sequence = Arg(argc, argv, "--sequence", 0) != 0;
+  if (sequence && (control || fault || only >= 0)) {
+    std::fprintf(stderr, "--sequence 1 takes none of --control, --fault, --case\n");
+    return 2;
+  }
   if (tp < 2 || tp > 8 || g.m % tp || g.n % tp || g.k % tp) {
     std::fprintf(stderr, "--tp must be 2-8 and divide --m, --n and --k\n");
     return 2;
@@ -579,6 +729,12 @@ int main(int argc, char** argv) {
     cudaStream_t s;
     CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     run_streams.push_back(s);
+  }
+  if (sequence) {
+    const bool ok = RunSequence(cases, int(sizeof(cases) / sizeof(cases[0])), tp, g, calls,
+                                timeout_ms, run_streams);
+    std::printf("%s\n", ok ? "ALL OK" : "FAILED");
+    return ok ? 0 : 1;
   }
   bool all = true;
   int base = 1000;
