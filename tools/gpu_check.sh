@@ -102,7 +102,7 @@ virtual_tp() {
       > "$OUT/virtual_tp${tp}_fault.log" 2>&1
     rc=$?
     set -e
-    log "virtual TP=$tp fault (rank 0 never pushes): exit $rc; $(grep -c 'fault OK' "$OUT/virtual_tp${tp}_fault.log") cases returned on every rank with the timeout on ranks 1..TP-1, $(grep -c 'fault FAIL' "$OUT/virtual_tp${tp}_fault.log") did not"
+    log "virtual TP=$tp fault (rank 0 never pushes): exit $rc; $(grep -c 'fault OK' "$OUT/virtual_tp${tp}_fault.log") cases returned on every rank with the timeout on ranks 1..TP-1, $(grep -c 'fault FAIL' "$OUT/virtual_tp${tp}_fault.log") did not$( [[ $rc -ne 0 ]] && echo ": $(grep -E 'fault FAIL|WATCHDOG' "$OUT/virtual_tp${tp}_fault.log" | cut -c1-300 | tr -s ' ' | tr '\n' ';')")"
     [[ $rc -ne 0 ]] && failed=1
   done
   # NOTE: every run goes on after a failure (each names its failed cases): at TP >= 5 on one GPU

@@ -488,13 +488,19 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
       // delivered, must report the timeout.  Rank 0 sees the group's shared error record only
       // if it looks after the others' waits ended, so it is not counted.
       int reported = 0;
+      std::string others;  // what the ranks that did not report the timeout returned
       for (int r = 1; r < tp; ++r) {
-        reported += errors[r].find("a wait on a peer timed out") != std::string::npos;
+        if (errors[r].find("a wait on a peer timed out") != std::string::npos) {
+          ++reported;
+        } else {
+          others += " | rank " + std::to_string(r) + ": " +
+                    (errors[r].empty() ? std::string("no error") : errors[r]);
+        }
       }
-      std::printf("%-36s %-22s fault %s  %d of ranks 1-%d returned the timeout error: %s\n",
+      std::printf("%-36s %-22s fault %s  %d of ranks 1-%d returned the timeout error: %s%s\n",
                   jdg::ScheduleName(c.schedule), PathName(c),
                   reported == tp - 1 ? "OK  " : "FAIL", reported, tp - 1,
-                  errors[tp - 1].c_str());
+                  errors[tp - 1].c_str(), others.c_str());
       ok = reported == tp - 1;
       break;
     }
