@@ -88,8 +88,12 @@ static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t st
 
 // The fused AllGather grid's join (FusedStageKernel): this device's own pushes of the call are
 // done.  Out of line for the same reason as WaitForStage.
+// NOTE: twice the timeout.  With a gathered result the copy stream's last copies wait for this
+// grid's stage waits to end (the seen marks), and CTA 0 can reach the join before another CTA
+// even starts a wait for a dead peer: with one timeout the join timed out first and the error
+// blamed this device's own copy engine instead of the peer (virtual TP=8, performance.md AD).
 static __device__ __noinline__ void WaitForOwnPushes(const uint32_t* flag, const StageWaits& w) {
-  WaitFlagUntil(flag, w.epoch, w.timeout_ns, w.error, w.rank, kPushDoneStage, w.rank);
+  WaitFlagUntil(flag, w.epoch, 2 * w.timeout_ns, w.error, w.rank, kPushDoneStage, w.rank);
 }
 
 // The waits of a fused launch on `flags` (FusedStages::wait_flag or c_wait_flag), with the
