@@ -4,6 +4,7 @@
 # RingFlags): the same tool source built against HEAD (.carry/virtual_group_check) and against
 # HEAD with aea1550's executor.cc / peer_state.h changes reverted (.carry/virtual_group_check_prefix).
 # Interleaved runs, TP=8 then TP=4; then the dead-peer step at TP=8 again, with its logs.
+# (The stalled run of the first call: `..._prefix_tp8_stall.log`; summary `..._sequence_ab_run1.txt`.)
 # Usage: docs/bench/2026-12-05_h200_sequence_ab.sh OUTDIR ROUNDS8 ROUNDS4 FAULT_RUNS
 # Writes OUTDIR/summary.txt (a line per run), OUTDIR/failures.txt, OUTDIR/logs/.
 set -u
@@ -30,6 +31,10 @@ for tp_rounds in "8 $rounds8" "4 $rounds4"; do
     run "seq_tp${tp}_r${r}_new" virtual_group_check --tp "$tp" --sequence 1 --calls 4
   done
 done
+# The dead-peer step at TP=8 (one of six cases failed once at 02:55 UTC), HEAD against HEAD with
+# the fused grid's join waiting twice the timeout (.carry/virtual_group_check_joinfix, if carried).
 for ((r = 1; r <= fault_runs; ++r)); do
-  run "fault_tp8_r$r" virtual_group_check --tp 8 --fault 1 --timeout-ms 500 --verbose 1
+  run "fault_tp8_r${r}_head" virtual_group_check --tp 8 --fault 1 --timeout-ms 500 --verbose 1
+  [[ -x .carry/virtual_group_check_joinfix ]] &&
+    run "fault_tp8_r${r}_joinfix" virtual_group_check_joinfix --tp 8 --fault 1 --timeout-ms 500 --verbose 1
 done
