@@ -407,15 +407,48 @@ jc::PeerGroup* GroupFor(int tp, int group_base, std::string* err) {
 // every rank's two resident grids (CallData::Init's NOTE) fit at once.
 int SmCap(int tp) { return std::max(2, (132 / (2 * tp)) & ~1); }
 
-void ReportSlowOrFailed(int call, int r, double ms, const std::string& err,
-                        jc::PeerGroup& group) {
-  if (ms > 1000 || !err.empty() || verbose) {
-    const jc::CopyStreamReport& cs = group.dev(r).copy_stream_report;
-    std::printf("  call %d rank %d: %.0f ms, copy stream independent %d (%d candidates)%s%s\n",
-                call, r, ms, cs.independent, cs.candidates, err.empty() ? "" : ": ",
-                err.c_str());
-    std::fflush(stdout);
+// Every rank's host thread, as XLA's per-device threads: the group's setup for `ws_bytes`
+// (`run_id` keys its meeting), `enqueue(r, stream)`, one synchronization, then the group's
+// pending error.  Returns each rank's error ("" if none); a slow or failed rank prints a line
+// (`call` labels it; -1 for a whole sequence).
+template <class Enqueue>
+std::vector<std::string> RunRanks(jc::PeerGroup* group, const std::vector<cudaStream_t>& streams,
+                                  size_t ws_bytes, int64_t run_id, int64_t timeout_ms, int call,
+                                  const Enqueue& enqueue) {
+  const int tp = group->tp();
+  std::vector<std::string> errors(tp);
+  for (int r = 0; r < tp; ++r) g_phase[r] = kIdle;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      const auto start = std::chrono::steady_clock::now();
+      cudaSetDevice(0);
+      cudaStream_t stream = streams[r];
+      g_phase[r] = kSetup;
+      std::string err = group->EnsureReady(r, ws_bytes, stream, run_id, timeout_ms);
+      group->dev(r).sm_count = std::min(group->dev(r).sm_count, SmCap(tp));
+      g_phase[r] = kEnqueue;
+      if (err.empty()) err = enqueue(r, stream);
+      g_phase[r] = kSync;
+      if (cudaError_t e = cudaStreamSynchronize(stream); err.empty() && e != cudaSuccess) {
+        err = cudaGetErrorString(e);
+      }
+      g_phase[r] = kDone;
+      if (err.empty()) err = group->PendingError();
+      errors[r] = err;
+      const double ms = std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - start).count();
+      if (ms > 1000 || !err.empty() || verbose) {
+        const jc::CopyStreamReport& cs = group->dev(r).copy_stream_report;
+        std::printf("  call %d rank %d: %.0f ms, copy stream independent %d (%d candidates)%s%s\n",
+                    call, r, ms, cs.independent, cs.candidates, err.empty() ? "" : ": ",
+                    err.c_str());
+        std::fflush(stdout);
+      }
+    });
   }
+  for (auto& t : threads) t.join();
+  return errors;
 }
 
 // Runs `calls` calls of one case (on the run's group and its main streams `run_streams`, or,
@@ -453,36 +486,11 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
   for (int call = 0; call < calls && ok; ++call) {
     d.Prepare(1000u * call, g);
     CHECK_CUDA(cudaDeviceSynchronize());
-    std::vector<std::string> errors(tp);
-    for (int r = 0; r < tp; ++r) g_phase[r] = kIdle;
     g_call = group_base * 100 + call;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < tp; ++r) {
-      threads.emplace_back([&, r] {
-        const auto start = std::chrono::steady_clock::now();
-        cudaSetDevice(0);
-        cudaStream_t stream = streams[r];
-        // run_id keys the group's setup meeting (by ordinals): unique per case and call.
-        g_phase[r] = kSetup;
-        std::string err =
-            group->EnsureReady(r, ws_bytes, stream, group_base * 100 + call, timeout_ms);
-        group->dev(r).sm_count = std::min(group->dev(r).sm_count, SmCap(tp));
-        g_phase[r] = kEnqueue;
-        if (err.empty()) err = d.Enqueue(r, *group, stream);
-        g_phase[r] = kSync;
-        if (cudaError_t e = cudaStreamSynchronize(stream); err.empty() && e != cudaSuccess) {
-          err = cudaGetErrorString(e);
-        }
-        g_phase[r] = kDone;
-        if (err.empty()) err = group->PendingError();
-        errors[r] = err;
-        ReportSlowOrFailed(call, r,
-                           std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - start).count(),
-                           err, *group);
-      });
-    }
-    for (auto& t : threads) t.join();
+    // run_id keys the group's setup meeting (by ordinals): unique per case and call.
+    const std::vector<std::string> errors =
+        RunRanks(group, streams, ws_bytes, group_base * 100 + call, timeout_ms, call,
+                 [&](int r, cudaStream_t stream) { return d.Enqueue(r, *group, stream); });
     if (fault) {
       // Every rank came back (else the watchdog ends the run); each rank but 0, whose peers all
       // delivered, must report the timeout.  Rank 0 sees the group's shared error record only
@@ -567,40 +575,20 @@ bool RunSequence(const Case* cases, int n_cases, int tp, const Shapes& g, int ro
     return false;
   }
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<std::string> errors(tp);
   g_call = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < tp; ++r) {
-    threads.emplace_back([&, r] {
-      const auto start = std::chrono::steady_clock::now();
-      cudaSetDevice(0);
-      cudaStream_t stream = streams[r];
-      g_phase[r] = kSetup;
-      std::string e = group->EnsureReady(r, ws_bytes, stream, /*run_id=*/1, timeout_ms);
-      group->dev(r).sm_count = std::min(group->dev(r).sm_count, SmCap(tp));
-      g_phase[r] = kEnqueue;
-      for (size_t k = 0; k < seq.size() && e.empty(); ++k) {
-        e = seq[k].Enqueue(r, *group, stream);
-        if (!e.empty()) e = "enqueueing call " + std::to_string(k) + ": " + e;
-        if (r == 0 && e.empty()) {
-          auto bump = [](void*) { g_call.fetch_add(1); };
-          if (cudaLaunchHostFunc(stream, bump, nullptr) != cudaSuccess) e = "cudaLaunchHostFunc";
+  const std::vector<std::string> errors = RunRanks(
+      group, streams, ws_bytes, /*run_id=*/1, timeout_ms, -1, [&](int r, cudaStream_t stream) {
+        std::string e;
+        for (size_t k = 0; k < seq.size() && e.empty(); ++k) {
+          e = seq[k].Enqueue(r, *group, stream);
+          if (!e.empty()) e = "enqueueing call " + std::to_string(k) + ": " + e;
+          if (r == 0 && e.empty()) {
+            auto bump = [](void*) { g_call.fetch_add(1); };
+            if (cudaLaunchHostFunc(stream, bump, nullptr) != cudaSuccess) e = "cudaLaunchHostFunc";
+          }
         }
-      }
-      g_phase[r] = kSync;
-      if (cudaError_t ce = cudaStreamSynchronize(stream); e.empty() && ce != cudaSuccess) {
-        e = cudaGetErrorString(ce);
-      }
-      g_phase[r] = kDone;
-      if (e.empty()) e = group->PendingError();
-      errors[r] = e;
-      ReportSlowOrFailed(-1, r,
-                         std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - start).count(),
-                         e, *group);
-    });
-  }
-  for (auto& t : threads) t.join();
+        return e;
+      });
   bool ok = true;
   for (int r = 0; r < tp; ++r) {
     if (!errors[r].empty()) {
