@@ -75,6 +75,9 @@ virtual_tp() {
               "tp4_f16_f32out:--tp 4 --f16 1 --out-f32 1"
               "seq_tp2:--tp 2 --sequence 1" "seq_tp4:--tp 4 --sequence 1" "seq_tp8:--tp 8 --sequence 1 --calls 8"
               "seq_tp3_1680:--tp 3 --m 1680 --n 1680 --k 1680 --sequence 1")
+  # The failing lines of log $1 (pattern $2), each cut to $3 characters, on one line; a run the
+  # watchdog ended has no FAIL line, only its WATCHDOG line.
+  failing() { grep -E "$2|WATCHDOG" "$1" | cut -c1-"$3" | tr -s ' ' | tr '\n' ';'; }
   local run name args
   for run in "${runs[@]}"; do
     name=${run%%:*}; args=${run#*:}
@@ -83,7 +86,7 @@ virtual_tp() {
     timeout "${VTP_TIMEOUT:-60}" "$bin" $args ${VTP_ARGS:-} > "$OUT/virtual_$name.log" 2>&1
     rc=$?
     set -e
-    log "virtual $name ($args) on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_$name.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_$name.log") failed$( [[ $rc -ne 0 ]] && echo ": $(grep ' FAIL ' "$OUT/virtual_$name.log" | cut -c1-60 | tr -s ' ' | tr '\n' ';')")"
+    log "virtual $name ($args) on one GPU: exit $rc; $(grep -c ' OK ' "$OUT/virtual_$name.log") cases OK, $(grep -c ' FAIL ' "$OUT/virtual_$name.log") failed$( [[ $rc -ne 0 ]] && echo ": $(failing "$OUT/virtual_$name.log" ' FAIL ' 60)")"
     [[ $rc -ne 0 ]] && failed=1
   done
   # The control: each rank checked against its neighbour's expected output; every case must fail.
@@ -103,7 +106,7 @@ virtual_tp() {
       > "$OUT/virtual_tp${tp}_fault.log" 2>&1
     rc=$?
     set -e
-    log "virtual TP=$tp fault (rank 0 never pushes): exit $rc; $(grep -c 'fault OK' "$OUT/virtual_tp${tp}_fault.log") cases returned on every rank with the timeout on ranks 1..TP-1, $(grep -c 'fault FAIL' "$OUT/virtual_tp${tp}_fault.log") did not$( [[ $rc -ne 0 ]] && echo ": $(grep -E 'fault FAIL|WATCHDOG' "$OUT/virtual_tp${tp}_fault.log" | cut -c1-300 | tr -s ' ' | tr '\n' ';')")"
+    log "virtual TP=$tp fault (rank 0 never pushes): exit $rc; $(grep -c 'fault OK' "$OUT/virtual_tp${tp}_fault.log") cases returned on every rank with the timeout on ranks 1..TP-1, $(grep -c 'fault FAIL' "$OUT/virtual_tp${tp}_fault.log") did not$( [[ $rc -ne 0 ]] && echo ": $(failing "$OUT/virtual_tp${tp}_fault.log" 'fault FAIL' 300)")"
     [[ $rc -ne 0 ]] && failed=1
   done
   # NOTE: every run goes on after a failure (each names its failed cases): at TP >= 5 on one GPU
