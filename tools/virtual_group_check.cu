@@ -22,7 +22,8 @@
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
-//       [--control 1] [--fault 1] [--group-per-case 1] [--sequence 1]
+//       [--control 1] [--fault 1] [--group-per-case 1] [--sequence 1] [--max-lead 2]
+//       [--progress 1] [--deadline-s S]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
 // --sequence 1: instead, every case once per round (--calls rounds), all enqueued back to back
 // by each rank with no synchronization between calls, then every call checked (RunSequence).
@@ -221,11 +222,35 @@ bool fault = false;  // --fault 1 (see the file comment)
 bool group_per_case = false;
 
 // Where each rank's thread is (the watchdog prints it when a call stalls).
-enum Phase : int { kIdle = 0, kSetup = 1, kEnqueue = 2, kSync = 3, kDone = 4 };
+enum Phase : int { kIdle = 0, kSetup = 1, kEnqueue = 2, kSync = 3, kDone = 4, kLead = 5 };
 const char* kPhaseNames[] = {"idle", "EnsureReady", "EnqueueDistGemm", "cudaStreamSynchronize",
-                             "done"};
+                             "done", "lead wait"};
 std::atomic<int> g_phase[8];
 std::atomic<int> g_call{-1};
+
+// --sequence 1 progress, readable without a CUDA call: calls each rank has enqueued (host), and
+// calls each rank's main and copy streams have finished, written by the streams themselves
+// (cuStreamWriteValue32 into mapped host memory) after each call.
+std::atomic<int> g_enqueued[8];
+volatile uint32_t* g_done_main = nullptr;  // [8], mapped pinned
+volatile uint32_t* g_done_copy = nullptr;  // [8], mapped pinned
+uint32_t* g_done_main_dev = nullptr;
+uint32_t* g_done_copy_dev = nullptr;
+jc::PeerGroup* g_seq_group = nullptr;  // the sequence's group (the watchdog reads its error record)
+// --max-lead N: rank r enqueues call k only once every rank's main stream has finished call
+// k - N (0: no bound).  NOTE: the ranks share one CUDA context, and a thread blocked in a
+// launch on a full queue holds that context's lock: unbounded, the ranks that ran ahead fill
+// their queues with calls that wait for a lagging rank, which then cannot enqueue the data they
+// wait for (each wait times out instead).  Separate GPUs have separate contexts.
+int g_max_lead = 2;
+// --progress 0: no stream writes of the counters (they sit between calls on every stream).
+bool g_progress = true;
+
+uint32_t MinDoneMain(int tp) {
+  uint32_t m = UINT32_MAX;
+  for (int r = 0; r < tp; ++r) m = std::min<uint32_t>(m, uint32_t(g_done_main[r]));
+  return m;
+}
 
 constexpr float kAlpha = 1.5f;
 
@@ -576,12 +601,28 @@ bool RunSequence(const Case* cases, int n_cases, int tp, const Shapes& g, int ro
   }
   CHECK_CUDA(cudaDeviceSynchronize());
   g_call = 0;
+  g_seq_group = group;
   const std::vector<std::string> errors = RunRanks(
       group, streams, ws_bytes, /*run_id=*/1, timeout_ms, -1, [&](int r, cudaStream_t stream) {
         std::string e;
+        cudaStream_t copy = group->dev(r).copy_stream;
         for (size_t k = 0; k < seq.size() && e.empty(); ++k) {
+          if (g_max_lead > 0 && k >= size_t(g_max_lead)) {
+            g_phase[r] = kLead;
+            while (MinDoneMain(tp) < k - g_max_lead) std::this_thread::yield();
+            g_phase[r] = kEnqueue;
+          }
           e = seq[k].Enqueue(r, *group, stream);
-          if (!e.empty()) e = "enqueueing call " + std::to_string(k) + ": " + e;
+          if (!e.empty()) {
+            e = "enqueueing call " + std::to_string(k) + ": " + e;
+            break;
+          }
+          g_enqueued[r].fetch_add(1);
+          if (g_progress &&
+              (jc::StreamWriteValue32(stream, g_done_main_dev + r, uint32_t(k + 1)) != cudaSuccess ||
+               jc::StreamWriteValue32(copy, g_done_copy_dev + r, uint32_t(k + 1)) != cudaSuccess)) {
+            e = "progress write";
+          }
           if (r == 0 && e.empty()) {
             auto bump = [](void*) { g_call.fetch_add(1); };
             if (cudaLaunchHostFunc(stream, bump, nullptr) != cudaSuccess) e = "cudaLaunchHostFunc";
@@ -656,20 +697,111 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--tp must be 2-8 and divide --m, --n and --k\n");
     return 2;
   }
-  // Watchdog: a call that stalls past every kernel timeout (two periods of --timeout-ms + 2 s
-  // without a new call) names where each rank is, then ends the process (exit status 3)
-  // rather than hang.
-  std::thread([tp, timeout_ms] {
-    int last = -2, stalled = 0;
+  g_max_lead = int(Arg(argc, argv, "--max-lead", g_max_lead));
+  g_progress = Arg(argc, argv, "--progress", 1) != 0;
+  if (g_max_lead > 0 && !g_progress) {
+    std::fprintf(stderr, "--max-lead needs the progress counters (--progress 1)\n");
+    return 2;
+  }
+  const int64_t deadline_s = Arg(argc, argv, "--deadline-s", 0);  // 0: none
+  {
+    void* h = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&h, 2 * 8 * sizeof(uint32_t), cudaHostAllocMapped));
+    std::memset(h, 0, 2 * 8 * sizeof(uint32_t));
+    g_done_main = static_cast<uint32_t*>(h);
+    g_done_copy = g_done_main + 8;
+    void* d = nullptr;
+    CHECK_CUDA(cudaHostGetDevicePointer(&d, h, 0));
+    g_done_main_dev = static_cast<uint32_t*>(d);
+    g_done_copy_dev = g_done_main_dev + 8;
+  }
+  // Watchdog: when nothing moves for two periods of --timeout-ms + 2 s (no call counted by the
+  // host function, enqueued, or finished on any stream), or past --deadline-s, prints where
+  // every rank is, its counters and the group's error record (mapped host memory: no CUDA
+  // call), then whether the driver still answers, then ends the process (exit status 3).
+  std::thread([tp, timeout_ms, deadline_s] {
+    const auto start = std::chrono::steady_clock::now();
+    auto signature = [tp] {
+      uint64_t s = uint64_t(uint32_t(g_call.load()));
+      for (int r = 0; r < tp; ++r) {
+        s = s * 1000003u + uint64_t(g_enqueued[r].load()) * 7919u + g_done_main[r] * 31u +
+            g_done_copy[r] + uint64_t(g_phase[r].load()) * 104729u;
+      }
+      return s;
+    };
+    uint64_t last = signature();
+    auto last_change = std::chrono::steady_clock::now();
+    const auto stall_after = std::chrono::milliseconds(2 * (timeout_ms + 2000));
     for (;;) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms + 2000));
-      const int call = g_call.load();
-      stalled = call == last ? stalled + 1 : 0;
-      last = call;
-      if (stalled < 2) continue;
-      std::printf("WATCHDOG: call %d stalled:", call);
-      for (int r = 0; r < tp; ++r) std::printf(" rank %d in %s;", r, kPhaseNames[g_phase[r]]);
-      std::printf("\n");
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const auto now = std::chrono::steady_clock::now();
+      const uint64_t sig = signature();
+      if (sig != last) last = sig, last_change = now;
+      const bool stalled = now - last_change > stall_after;
+      const bool late = deadline_s > 0 && now - start > std::chrono::seconds(deadline_s);
+      if (!stalled && !late) continue;
+      std::printf("WATCHDOG: %s: call %d (host function count)\n",
+                  stalled ? "stalled" : "past --deadline-s", g_call.load());
+      for (int r = 0; r < tp; ++r) {
+        std::printf("  rank %d: in %s; enqueued %d; main stream finished %u; copy stream "
+                    "finished %u\n",
+                    r, kPhaseNames[g_phase[r]], g_enqueued[r].load(), g_done_main[r],
+                    g_done_copy[r]);
+      }
+      if (g_seq_group != nullptr && g_seq_group->error() != nullptr) {
+        const volatile jc::ErrorRecord* e = g_seq_group->error();
+        std::printf("  error record: code %u rank %d stage %d peer %d expected %u observed %u\n",
+                    e->code, e->rank, e->stage, e->peer, e->expected, e->observed);
+      }
+      std::fflush(stdout);
+      // Does the driver answer?  A query on a fresh thread, given 2 s; then every rank's flag
+      // words that are nonzero (a copy on a fresh stream, given 2 s more).
+      static std::atomic<int> answered{0};
+      static std::atomic<int> copied{0};
+      static std::vector<uint32_t> words;
+      jc::PeerGroup* group = g_seq_group;
+      std::thread([group, tp] {
+        cudaStream_t s;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+          answered = 2;
+          return;
+        }
+        cudaStreamQuery(s);
+        answered = 1;
+        if (group == nullptr) return;
+        words.assign(size_t(tp) * jc::kFlagWords, 0u);
+        uint32_t* host = nullptr;
+        if (cudaMallocHost(&host, words.size() * 4) != cudaSuccess) return;
+        for (int r = 0; r < tp; ++r) {
+          cudaMemcpyAsync(host + size_t(r) * jc::kFlagWords, group->dev(r).flags,
+                          jc::kFlagWords * 4, cudaMemcpyDeviceToHost, s);
+        }
+        if (cudaStreamSynchronize(s) == cudaSuccess) {
+          std::memcpy(words.data(), host, words.size() * 4);
+          copied = 1;
+        }
+      }).detach();
+      for (int i = 0; i < 40 && copied == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      std::printf("  driver: %s\n", answered == 1 ? "answers (cudaStreamCreate + cudaStreamQuery)"
+                                      : answered == 2 ? "answers with an error"
+                                                      : "no answer in 4 s (a host lock is held)");
+      if (copied == 1) {
+        for (int r = 0; r < tp; ++r) {
+          std::printf("  rank %d flags (host epoch %u):", r, g_seq_group->dev(r).epoch);
+          for (int w = 0; w < jc::kFlagWords; ++w) {
+            const uint32_t v = words[size_t(r) * jc::kFlagWords + w];
+            if (v == 0) continue;
+            const int row = w / jc::kNumFlags, f = w % jc::kNumFlags;
+            std::printf(" %s(%d,%d)=%u", row == 0 ? "data" : row == 1 ? "seen" : "ring",
+                        f / jc::kMaxChunks, f % jc::kMaxChunks, v);
+          }
+          std::printf("\n");
+        }
+      } else if (answered == 1) {
+        std::printf("  flags: the copy did not finish in 4 s\n");
+      }
       std::fflush(stdout);
       std::_Exit(3);
     }
