@@ -1,164 +1,472 @@
-"""Benchmark of jax_distgemm against the ideal and XLA's own ways: `python -m jax_distgemm.bench`.
+"""Benchmark of jax_distgemm's collective matmuls against the ideal and XLA's own ways.
 
-Examples (2x H200):
-  python -m jax_distgemm.bench                                  # the seed's shape, AG-RotA
-  python -m jax_distgemm.bench --m=8192 --n=28672 --k=8192 --schedule=RS-TilA
+A case is a schedule and a global x [L, M, K] @ w [L, K, N] over TP devices. Its rows:
+ideal (an XLA dot of one device's share of the FLOPs, no communication), ffi (ours,
+implementation="ffi"), auto (implementation=None, what users get by default), reference (XLA
+all_gather + dot / dot + psum_scatter), xla (the ppermute ring) and windowed_einsum (the
+reference formulation left to XLA's SPMD partitioner, in a child process with
+WINDOWED_EINSUM_FLAGS added to XLA_FLAGS; GPU only). Efficiency = ideal / ours; speedup = best
+of (reference, xla, windowed_einsum) / ours. ffi, auto and xla are checked against reference
+(relative Frobenius error <= --eps, else the case FAILs and the exit status is 1); a row that
+cannot run a case says why. --local-gemm also times one stage's GEMM, XLA's dot against ours
+(the fused op at TP=1 on one device), and reports XLA / ours.
+
+Timing: compile, warm up, then --repeats rounds in which every row runs N back-to-back calls
+(N for ~30 ms, or --iterations), in a new shuffled order each round; the median is reported.
+Inputs are fresh normal data rotated over enough sets to exceed twice the L2 (--l2-mb).
+Without a GPU it runs tiny shapes on fake CPU devices: a smoke test, not a measurement.
+Progress goes to stderr, the table to stdout.
+
+Usage:
+  python -m jax_distgemm.bench                       # the seed's shape, AG-RotA
+  python -m jax_distgemm.bench --m 8192 --n 28672 --k 8192 --schedule RS-TilA
   python -m jax_distgemm.bench --suite --json out.json --plot out.png
-  python -m jax_distgemm.bench --suite --schedule=RS-TilA       # one schedule's part of it
-  python -m jax_distgemm.bench --suite --list                   # the cases, nothing run
-  python -m jax_distgemm.bench --suite small                    # decode / small-batch shapes
-
-Per case, all measured in this run: ideal (an XLA dot of one device's share of the FLOPs, no
-communication), ffi (ours), auto (implementation=None), reference (XLA all_gather + dot /
-dot + psum_scatter), xla (the ppermute ring), jit_auto (the reference formulation left to XLA's
-SPMD partitioner) and XLA's windowed einsum (the same, in a child process with
---xla_gpu_threshold_for_windowed_einsum_mib=0 --xla_gpu_multi_streamed_windowed_einsum=true).
-Efficiency = ideal / ours; speedup = best of (reference, xla ring, windowed einsum) / ours.
-ffi, auto and xla are checked against reference (relative Frobenius error <= --eps, else the
-case FAILs and the exit status is 1).  An implementation that cannot run a case (e.g. 'ffi'
-without the CUDA executor) is reported with its reason, not fatal.
-
-Without a GPU it runs on fake CPU devices with tiny shapes: a smoke test, not a measurement.
-Progress goes to stderr; the tables to stdout.
+  python -m jax_distgemm.bench --suite small --list  # decode and small-batch cases, not run
+  python -m jax_distgemm.bench --suite --local-gemm --tuning-file tuning.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import gc
 import json
+import math
 import os
+import random
+import statistics
+import subprocess
 import sys
 import time
 
-from jax_distgemm._src import bench_lib as bl
-from jax_distgemm._src import cli, gpu_monitor, runtime, validation
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
 
-# The small suite's calls run 20-100 us: 16 per dispatch keeps the host out of the timing.
-SMALL_SUITE_CALLS_PER_PROGRAM = 16
+import jax_distgemm
+from jax_distgemm import ffi as ffi_modules
+from jax_distgemm import runtime
+from jax_distgemm._src import cli, reference, validation
+from jax_distgemm._src.schedules import Schedule
+
+AG_A, AG_B, RS_A, RS_B = Schedule
+SHORT_NAMES = {AG_A: "AG-RotA", AG_B: "AG-RotB", RS_A: "RS-TilA", RS_B: "RS-TilB"}
+
+ROWS = ("ideal", "ffi", "auto", "reference", "xla", "windowed_einsum")  # the child's is last
+IMPLEMENTATIONS = {"ffi": "ffi", "auto": None, "reference": "reference", "xla": "xla"}
+BASELINES = ("reference", "xla", "windowed_einsum")
+CHECKED = ("ffi", "auto", "xla")
+WINDOWED_EINSUM_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0",
+                         "--xla_gpu_multi_streamed_windowed_einsum=true")
+CHILD_FLAG = "--_windowed-einsum-child"
+
+# (M, K, N) global. The seed's shape is CUTLASS example 65's sample command.
+SEED_SHAPE = (16384, 16384, 106496)
+STANDARD_SHAPES = ((8192, 8192, 28672), (4096, 8192, 8192), SEED_SHAPE, (8192, 4096, 4096),
+                   (2048, 8192, 8192))
+# Decode and small-batch calls: square 8192 layers at three token counts, and a 70B-like MLP's
+# up projection (AllGather) and down projection (ReduceScatter) at 64 tokens.
+SMALL_SHAPES = {
+    AG_A: ((64, 8192, 8192), (256, 8192, 8192), (1024, 8192, 8192), (64, 8192, 28672)),
+    RS_A: ((64, 8192, 8192), (256, 8192, 8192), (1024, 8192, 8192), (64, 28672, 8192)),
+}
+SUITES = ("standard", "small")
+CPU_SHAPE = (256, 128, 512)
+CPU_SCALE = {"standard": 64, "small": 16}  # on CPU a suite's dimensions are divided by these
+# The small suite's calls take 20-100 us: one dispatch per call would time the host, not the GPU.
+SMALL_CALLS_PER_PROGRAM = 16
+TARGET_REPEAT_MS = 30.0
+MAX_SETS, SET_BUDGET_BYTES = 32, 8 * 2**30  # a row's rotating input sets, and their bytes
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DEFAULT_EPS = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-3}
 
 
-def _positive_int(s: str) -> int:
-  v = int(s)
-  if v < 1:
-    raise argparse.ArgumentTypeError(f"must be a positive integer, got {s}")
-  return v
+def suite(name: str, scale: int = 1) -> list[tuple[Schedule, int, int, int]]:
+  """(schedule, M, K, N) of a named suite, each dimension divided by `scale`."""
+  if name == "small":
+    cases = [(s, *shape) for s, shapes in SMALL_SHAPES.items() for shape in shapes]
+  else:  # every standard shape for AG-RotA and RS-TilA, the seed's for the other two
+    cases = [(s, *shape) for s in (AG_A, RS_A) for shape in STANDARD_SHAPES]
+    cases += [(s, *SEED_SHAPE) for s in (AG_B, RS_B)]
+  return [(s, m // scale, k // scale, n // scale) for s, m, k, n in cases]
 
 
-def _non_negative_int(s: str) -> int:
-  v = int(s)
-  if v < 0:
-    raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {s}")
-  return v
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One problem: global x [L, M, K] @ w [L, K, N] (no L dim when L == 1) over TP devices."""
+
+  schedule: Schedule
+  m: int
+  k: int
+  n: int
+  l: int = 1
+  tp: int = 2
+  dtype: str = "bfloat16"
+  alpha: float = 1.0
+  beta: float = 0.0
+
+  @property
+  def label(self) -> str:
+    batch = f" L={self.l}" if self.l > 1 else ""
+    return f"{SHORT_NAMES[self.schedule]} {self.m},{self.k},{self.n}{batch}"
+
+  def specs(self):
+    """(x, w, out) PartitionSpecs of the global arrays over mesh axis "tp"."""
+    return self.schedule.partition_specs("tp", (None,) * (self.l > 1), w_batched=True)
+
+  def shapes(self, which: str):
+    """(x, w, out) shapes: "global", "ideal" (one device's share of the FLOPs, no
+    communication) or "stage" (the local GEMM of one of the fused op's TP stages)."""
+    m, k, n, tp = self.m, self.k, self.n, self.tp
+    m, k, n = {
+        "global": {s: (m, k, n) for s in Schedule},
+        "ideal": {AG_A: (m, k, n // tp), AG_B: (m // tp, k, n), RS_A: (m, k // tp, n),
+                  RS_B: (m, k // tp, n)},
+        "stage": {AG_A: (m // tp, k, n // tp), AG_B: (m // tp, k, n // tp),
+                  RS_A: (m // tp, k // tp, n), RS_B: (m, k // tp, n // tp)},
+    }[which][self.schedule]
+    b = (self.l,) if self.l > 1 else ()
+    return b + (m, k), b + (k, n), b + (m, n)
+
+  def invalid_reason(self) -> str | None:
+    need = {"M": self.m, "N": self.n} if self.schedule.is_all_gather else {"K": self.k}
+    need.update({RS_A: {"M": self.m}, RS_B: {"N": self.n}}.get(self.schedule, {}))
+    bad = [f"{d}={v}" for d, v in need.items() if v % self.tp]
+    return f"{', '.join(bad)} not divisible by TP={self.tp}" if bad else None
 
 
-def _positive_float(s: str) -> float:
-  v = float(s)
-  if not 0 < v < float("inf"):  # also rejects nan
-    raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
-  return v
+# -- Inputs and the functions timed -------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _normal(shape, dtype, scale, sharding):
+  return jax.jit(lambda key: (jax.random.normal(key, shape) * scale).astype(dtype),
+                 out_shardings=sharding)
 
 
-def _non_negative_float(s: str) -> float:
-  v = float(s)
-  if not v >= 0:  # also rejects nan
-    raise argparse.ArgumentTypeError(f"must be a number >= 0, got {s}")
-  return v
+def draw_inputs(case: Case, key, which: str, shardings, l2_bytes: int) -> list[tuple]:
+  """Rotating input sets (x, w[, c]) of `case`'s `which` shapes, placed by `shardings` (x, w, out).
+
+  Normal data drawn on the devices, never zeros; w is scaled by 1/sqrt(K) so outputs are O(1);
+  c (fp32) only when beta != 0. Enough sets to exceed twice the L2 per device, and at least two,
+  so that a call never reads what the previous one left in cache. A dtype with scales adds them
+  here, after x and w, and to the timed functions' arguments.
+  """
+  xs, ws, cs = case.shapes(which)
+
+  def one(i):
+    kx, kw, kc = jax.random.split(jax.random.fold_in(key, i), 3)
+    s = (_normal(xs, case.dtype, 1.0, shardings[0])(kx),
+         _normal(ws, case.dtype, 1 / math.sqrt(xs[-1]), shardings[1])(kw))
+    return s + ((_normal(cs, "float32", 1.0, shardings[2])(kc),) if case.beta != 0 else ())
+
+  first = one(0)
+  per_device = sum(a.addressable_shards[0].data.nbytes for a in first)
+  count = min(max(2, math.ceil(2 * l2_bytes / per_device)), MAX_SETS)
+  count = max(1, min(count, SET_BUDGET_BYTES // per_device))
+  return jax.block_until_ready([first] + [one(i) for i in range(1, count)])
+
+
+def _distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
+  x_spec, w_spec, out_spec = case.specs()
+
+  def body(x, w, *c):
+    return jax_distgemm.distributed_matmul(
+        x, w, *c, axis_name="tp", schedule=case.schedule, alpha=case.alpha, beta=case.beta,
+        out_dtype=case.dtype, implementation=implementation)
+
+  in_specs = (x_spec, w_spec, out_spec)[:2 + (case.beta != 0)]
+  return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
+
+
+def _dot_fn(case: Case, out_sharding=None):
+  """XLA's GEMM with the case's epilogue: on one device (the ideal; XLA's side of --local-gemm),
+  or on global arrays, the output constrained to `out_sharding` and the rest left to XLA's SPMD
+  partitioner (what the windowed-einsum flags rewrite)."""
+  def f(x, w, *c):
+    if case.alpha == 1.0 and not c and out_sharding is None:  # one plain dot, as in a layer
+      return jnp.matmul(x, w, preferred_element_type=case.dtype)
+    acc = reference.matmul_f32(x, w)
+    if out_sharding is not None:
+      acc = jax.lax.with_sharding_constraint(acc, out_sharding)
+    return reference.epilogue(acc, *(c or (None,)), alpha=case.alpha, beta=case.beta,
+                              out_dtype=case.dtype)
+  return f
+
+
+def _stage_fn(case: Case, device):
+  """Our stage GEMM alone: the fused op at TP=1 on `device`, whose schedule is then exactly one
+  stage GEMM (tuned like every stage), with no peers to wait for."""
+  body = functools.partial(jax_distgemm.distributed_matmul, axis_name="tp", schedule=AG_A,
+                           implementation="ffi", out_dtype=case.dtype)
+  return jax.shard_map(body, mesh=Mesh(np.array([device]), ("tp",)), in_specs=(P(), P()),
+                       out_specs=P(), check_vma=False)
+
+
+@jax.jit
+def _rel_err(out, ref):
+  o, r = out.astype(jnp.float32), ref.astype(jnp.float32)
+  return jnp.linalg.norm(o - r) / jnp.maximum(jnp.linalg.norm(r), 1e-30)
+
+
+# -- Timing -------------------------------------------------------------------------------------
+
+def guarded(fn):
+  """(fn(), None), or (None, a row saying why fn raised): NotImplementedError is 'unsupported'."""
+  try:
+    return fn(), None
+  except Exception as e:  # noqa: BLE001 - one implementation's failure is reported, not fatal
+    first = (str(e).strip().splitlines() or [""])[0][:400]
+    status = "unsupported" if isinstance(e, NotImplementedError) else "error"
+    return None, {"status": status, "reason": f"{type(e).__name__}: {first}"}
+
+
+@dataclasses.dataclass
+class Timed:
+  """A compiled program of `per_program` calls and the argument groups it rotates over."""
+
+  call: object
+  groups: list
+  per_program: int
+  programs: int = 0  # per repeat
+  pos: int = 0
+  times: list = dataclasses.field(default_factory=list)  # ms per call, one per round
+  failure: dict | None = None
+
+  def run_ms(self, programs: int, sync_each: bool) -> float:
+    t0, out = time.perf_counter(), None
+    for _ in range(programs):
+      out = self.call(*self.groups[self.pos % len(self.groups)])
+      self.pos += 1
+      if sync_each:
+        jax.block_until_ready(out)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) * 1e3
+
+  def first_output(self):  # that of the first call, on the first input set
+    out = self.call(*self.groups[0])
+    return out[0] if self.per_program > 1 else out
+
+
+def compile_timed(fn, sets: list, k: int) -> Timed:
+  """`fn` compiled k calls to a program, each on its own input set.
+
+  NOTE: the k calls are independent, so a baseline's collectives may overlap another call's
+  dot; that can only flatter the baselines (our custom calls run one after another anyway).
+  """
+  if k == 1:
+    return Timed(jax.jit(fn).lower(*sets[0]).compile(), sets, 1)
+  groups = [tuple(sets[(j * k + i) % len(sets)] for i in range(k))
+            for j in range(max(1, len(sets) // k))]
+  program = jax.jit(lambda *group: [fn(*s) for s in group])
+  return Timed(program.lower(*groups[0]).compile(), groups, k)
+
+
+def time_interleaved(timed: list[Timed], args, sync_each: bool, log) -> None:
+  """Warm-up, then args.repeats rounds of one repeat per row, in a seeded shuffled order per
+  round, so that no row always follows the same one (clocks, power and caches)."""
+  def warm(t):
+    t.run_ms(max(1, math.ceil(args.warmup_iterations / t.per_program)), sync_each)
+    if args.iterations:
+      return math.ceil(args.iterations / t.per_program)
+    n, ms = 1, t.run_ms(1, sync_each)
+    while ms < 5 and n < 4096:  # long enough that one dispatch and sync hardly count
+      n *= 4
+      ms = t.run_ms(n, sync_each)
+    return int(min(500, max(10, math.ceil(TARGET_REPEAT_MS * n / ms))))
+
+  for t in timed:
+    t.programs, t.failure = guarded(lambda t=t: warm(t))
+  for r in range(args.repeats):
+    log(f"round {r + 1}/{args.repeats}")
+    order = list(timed)
+    random.Random(args.seed * 1_000_003 + r).shuffle(order)
+    for t in (t for t in order if not t.failure):
+      ms, t.failure = guarded(lambda t=t: t.run_ms(t.programs, sync_each))
+      if ms is not None:
+        t.times.append(ms / (t.programs * t.per_program))
+
+
+# -- One case -----------------------------------------------------------------------------------
+
+def measure_case(case: Case, index: int, devices, names, args, log) -> dict:
+  """Times the rows `names` of `case` (with --local-gemm also "local_xla" and "local_ours",
+  our stage GEMM and XLA's dot on the same operands) in interleaved rounds: {row: its dict}."""
+  mesh = Mesh(np.array(devices), ("tp",))
+  key = jax.random.fold_in(jax.random.key(args.seed), index)
+  l2 = int(args.l2_mb * 2**20)
+  k = SMALL_CALLS_PER_PROGRAM if args.suite == "small" else 1
+  single = (SingleDeviceSharding(devices[0]),) * 3
+  rows, timed = {}, {}
+
+  def add(row_names, make_fn, case, which, shardings, salt):
+    if not row_names:
+      return
+    sets, fail = guarded(lambda: draw_inputs(case, jax.random.fold_in(key, salt), which,
+                                             shardings, l2))
+    for name in row_names:
+      log(f"compiling {name}")
+      t, rows[name] = (None, fail) if fail else guarded(
+          lambda name=name: compile_timed(make_fn(name), sets, k))
+      if t:
+        rows[name], timed[name] = {"status": "ok"}, t
+
+  mesh_shardings = [NamedSharding(mesh, s) for s in case.specs()]
+  add([n for n in names if n != "ideal"], lambda name: (
+      _dot_fn(case, mesh_shardings[2]) if name == "windowed_einsum" else
+      _distributed_fn(case, mesh, IMPLEMENTATIONS[name])), case, "global", mesh_shardings, 0)
+  add([n for n in names if n == "ideal"], lambda _: _dot_fn(case), case, "ideal", single, 1)
+  if args.local_gemm:
+    stage = dataclasses.replace(case, alpha=1.0, beta=0.0)
+    add(["local_xla", "local_ours"], lambda name: (
+        _dot_fn(stage) if name == "local_xla" else _stage_fn(stage, devices[0])),
+        stage, "stage", single, 2)
+
+  if "auto" in timed:  # which implementation auto chose, from the compiled program
+    hlo = timed["auto"].call.as_text()
+    rows["auto"]["resolved"] = ("ffi" if 'custom_call_target="jax_distgemm' in hlo else
+                                "xla" if "collective-permute" in hlo else "reference")
+  if "windowed_einsum" in timed:
+    rows["windowed_einsum"]["windowed_loop"] = "windowed_dot_general" in timed[
+        "windowed_einsum"].call.as_text()  # False: XLA did not rewrite it
+  ref_out, ref_fail = None, rows.get("reference")
+  if "reference" in timed:
+    ref_out, ref_fail = guarded(timed["reference"].first_output)
+  for name in (n for n in CHECKED if n in timed):
+    if ref_out is None:
+      err, fail = None, {"status": "error", "reason": "not checked: no reference output: "
+                         f"{(ref_fail or {}).get('reason')}"}
+    else:
+      err, fail = guarded(lambda name=name: float(_rel_err(timed[name].first_output(), ref_out)))
+    rows[name].update(fail or {"rel_err": err if math.isfinite(err) else None})  # NaN: not JSON
+    if fail:  # nothing to time: it does not run, or it cannot be checked
+      del timed[name]
+  del ref_out  # the seed shape's output takes GiBs per device
+
+  time_interleaved(list(timed.values()), args, devices[0].platform == "cpu", log)
+  for name, t in timed.items():
+    rows[name].update(t.failure or {"ms": statistics.median(t.times), "ms_repeats": t.times,
+                                    "calls_per_repeat": t.programs * t.per_program,
+                                    "input_sets": len(t.groups) * t.per_program})
+  return rows
+
+
+def finalize(case: Case, rows: dict, eps: float, platform: str) -> dict:
+  """A case's result: TFLOP/s, efficiency and speedup of every timed row, the eps check, and
+  the local-GEMM ratio if it was timed."""
+  ok = {n: r["ms"] for n, r in rows.items() if "ms" in r}
+  flops = 2 * case.l * case.m * case.k * case.n / case.tp  # per device
+  best = min((n for n in BASELINES if n in ok), key=ok.get, default=None)
+  for name, ms in ok.items():
+    rows[name].update(tflops_per_device=flops / (ms * 1e9),
+                      efficiency=ok["ideal"] / ms if "ideal" in ok else None,
+                      speedup=ok[best] / ms if best else None)
+  failures = []
+  for name, row in ((n, rows[n]) for n in CHECKED):
+    if row["status"] == "error":
+      failures.append(f"{name}: {row['reason']}")
+    elif row["status"] == "ok":
+      row["correct"] = row["rel_err"] is not None and row["rel_err"] <= eps
+      if not row["correct"]:
+        failures.append(f"{name}: rel_err {_fmt(row['rel_err'], '.3g')} > eps {eps:g}")
+  result = {"case": {**dataclasses.asdict(case), "schedule": case.schedule.name},
+            "label": case.label, "rows": {n: rows[n] for n in ROWS},
+            "efficiency": rows["ffi"].get("efficiency"), "speedup": rows["ffi"].get("speedup"),
+            "best_baseline": best, "eps": eps, "passed": not failures, "failures": failures}
+  if "local_xla" in rows:
+    xla, ours = rows["local_xla"], rows["local_ours"]
+    xs, ws, _ = case.shapes("stage")
+    result["local_gemm"] = {
+        "stage_shape": [*xs[-2:], ws[-1]], "xla_ms": xla.get("ms"), "ours_ms": ours.get("ms"),
+        "executor": "cutlass" if platform == "gpu" else f"{platform} executor",
+        "ratio": xla["ms"] / ours["ms"] if "ms" in xla and "ms" in ours else None,
+        "reason": "; ".join(f"{r['status']}: {r['reason']}" for r in (xla, ours)
+                            if "ms" not in r) or None}
+  return result
+
+
+# -- The windowed-einsum child ------------------------------------------------------------------
+
+def run_windowed_child(argv: list[str], log) -> dict:
+  """This benchmark again in a child process with WINDOWED_EINSUM_FLAGS added to XLA_FLAGS,
+  timing only windowed_einsum: {case label: row} or {"": a row saying why none was timed}.
+  Run before this process starts a backend, so that the child has the GPUs' whole memory."""
+  flags = " ".join([os.environ.get("XLA_FLAGS", ""), *WINDOWED_EINSUM_FLAGS]).strip()
+  log(f"windowed einsum: child process with XLA_FLAGS={flags!r}")
+  proc = subprocess.run([sys.executable, "-m", "jax_distgemm.bench", *argv, CHILD_FLAG],
+                        env=dict(os.environ, XLA_FLAGS=flags), stdout=subprocess.PIPE,
+                        text=True, check=False)  # its progress goes to our stderr
+  try:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+  except (IndexError, ValueError):
+    return {"": {"status": "error", "reason": f"the child process exited with status "
+                 f"{proc.returncode} and no result (its output is on stderr)"}}
+
+
+def _child_main(args) -> None:
+  """The child's side: one JSON line on stdout (progress on stderr)."""
+  devices, platform = select_devices(args.tp)
+  args.local_gemm, out = False, {} if platform == "gpu" else {"": {
+      "status": "skipped", "reason": f"no GPU ({platform}): windowed einsum is an XLA:GPU rewrite"}}
+  for i, case in enumerate(resolve_cases(args, platform) if platform == "gpu" else ()):
+    out[case.label] = measure_case(case, i, devices, ("windowed_einsum",), args, lambda msg: print(
+        f"[child] {msg}", file=sys.stderr, flush=True))["windowed_einsum"]
+  print(json.dumps(out))
+
+
+# -- Command line -------------------------------------------------------------------------------
+
+def _at_least(kind, low):
+  def parse(s):
+    v = kind(s)
+    if not (math.isfinite(v) and v >= low):
+      raise argparse.ArgumentTypeError(f"must be a number >= {low}, got {s}")
+    return v
+  return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="python -m jax_distgemm.bench", description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-  g = p.add_argument_group("problem (the seed's flags)")
-  g.add_argument("--m", type=_positive_int, help="global M (GPU default 16384; CPU 256)")
-  g.add_argument("--n", type=_positive_int, help="global N (GPU default 106496; CPU 512)")
-  g.add_argument("--k", type=_positive_int, help="global K (GPU default 16384; CPU 128)")
-  g.add_argument("--l", type=_positive_int, default=1,
-                 help="batch L: x [L, M, K] @ w [L, K, N] (default 1: no batch dim)")
-  g.add_argument("--alpha", type=float, default=1.0,
-                 help="out = alpha * x @ w + beta * c (alpha, beta: finite as a float32)")
-  g.add_argument("--beta", type=float, default=0.0, help="beta != 0 adds a random fp32 c")
-  g.add_argument("--schedule", default="AllGather1D_TilingCD_RotatingA",
-                 help="schedule name, short name (AG-RotA, AG-RotB, RS-TilA, RS-TilB), wire "
-                 "value, or 'all' (default AllGather1D_TilingCD_RotatingA)")
-  g.add_argument("--tp", type=_positive_int, default=2,
-                 help="tensor-parallel size: the first TP devices of jax.devices() (default 2)")
-  g.add_argument("--dtype", default="bf16", choices=sorted(bl.DTYPES),
-                 help="input and output dtype (default bf16)")
-  g.add_argument("--suite", nargs="?", const="standard", choices=bl.SUITES, default=None,
-                 help="a suite of cases: 'standard' (the default; the issue's TP=2 shapes, on "
-                 f"CPU divided by {bl.CPU_SUITE_SCALE}) or 'small' (decode and small-batch "
-                 f"shapes, on CPU divided by {bl.CPU_SMALL_SUITE_SCALE}); excludes "
-                 "--m/--n/--k; --schedule filters it")
-  g = p.add_argument_group("timing")
-  g.add_argument("--iterations", type=_positive_int, default=None,
-                 help="back-to-back calls per repeat (default: enough for --target-repeat-ms, "
-                 "10 to 500)")
-  g.add_argument("--warmup-iterations", type=_non_negative_int, default=5,
-                 help="calls before timing, after compilation (default 5)")
-  g.add_argument("--repeats", type=_positive_int, default=7,
-                 help="repeats; the median is reported (default 7)")
-  g.add_argument("--target-repeat-ms", type=_positive_float, default=30.0,
-                 help="with no --iterations: calls per repeat ~ this / time per call")
-  g.add_argument("--heat-ms", type=_non_negative_float, default=30.0,
-                 help="untimed calls of the same row (~ this many ms, at least one) before "
-                 "each timed repeat, so that a repeat sees the row's own sustained clocks, not "
-                 "the previous row's; 0: none (default 30)")
-  g.add_argument("--eps", type=_non_negative_float, default=None,
-                 help="max relative Frobenius error of ffi/auto/xla vs reference (default "
-                 "1e-2 for bf16, 2e-3 for fp16, 1e-3 for fp32)")
-  g.add_argument("--l2-mb", type=_non_negative_float, default=60.0,
-                 help="L2 size in MiB; input sets rotate so their total exceeds twice it "
-                 "(default 60, H200)")
-  g.add_argument("--rotation-budget-gb", type=_positive_float, default=8.0,
-                 help="max GiB per device for one implementation's rotating input sets")
-  g.add_argument("--max-sets", type=_positive_int, default=32,
-                 help="max rotating input sets (default 32)")
-  g.add_argument("--calls-per-program", type=_positive_int, default=None,
-                 help="calls chained in one dispatched program (each after the previous "
-                 "one's output): below ~0.1 ms a call, one dispatch per call times the host, "
-                 "not the GPU (default 16 with --suite small, else 1)")
-  g.add_argument("--max-in-flight", type=_non_negative_int, default=None,
-                 help="block_until_ready after this many calls within a repeat (0: only at "
-                 "the end; default 0 on GPU, 1 on CPU, where XLA:CPU deadlocks otherwise)")
-  g.add_argument("--seed", type=int, default=0, help="PRNG seed of the inputs")
-  g = p.add_argument_group("what to run and report")
-  g.add_argument("--impls", default=",".join(bl.ROWS),
-                 help=f"comma-separated rows to measure (default all: {','.join(bl.ROWS)})")
-  g.add_argument("--no-windowed-einsum", action="store_true",
-                 help="skip the windowed-einsum child process")
-  g.add_argument("--windowed-einsum-flags", default=" ".join(bl.WINDOWED_EINSUM_FLAGS),
-                 help="XLA_FLAGS added for the windowed-einsum child (write it as "
-                 "--windowed-einsum-flags='--flag=... --flag=...')")
-  g.add_argument("--local-gemm", action="store_true",
-                 help="also time one stage's local GEMM, XLA's dot and ours (the fused op "
-                 "at TP=1), in the same rounds as the rows, and report the XLA/ours ratio; "
-                 "the JSON's local_gemm keeps ours under 'cutlass' and 'cutlass_ms' whatever "
-                 "ran it, and 'executor' names that: 'cutlass' on GPU, 'cpu executor' on CPU")
-  g.add_argument("--no-gpu-monitor", action="store_true",
-                 help="GPU: do not sample SM clock and power through NVML (by default each "
-                      "row reports its medians over its timed repeats)")
-  g.add_argument("--tuning-file", metavar="PATH",
-                 help="GPU: load the stage-GEMM choices saved in PATH, if it exists, before "
-                      "timing (those shapes skip tuning; every GPU runs the same variant), and "
-                      "save this run's choices to it at the end, merged: the file's choices "
-                      "this run did not settle (other GPU models', other shapes) are kept, and "
-                      "this run's win on the same key (GPU model, types, shape, tuning mode)")
-  g.add_argument("--json", metavar="PATH", help="write all results as JSON")
-  g.add_argument("--plot", metavar="PATH",
-                 help="write a PNG bar chart to PATH, which must end in .png (needs matplotlib); "
-                 "--json, --plot and --tuning-file must name different files")
-  g.add_argument("--list", action="store_true", help="print the cases and exit")
-  p.add_argument(bl.CHILD_FLAG, dest="child_out", help=argparse.SUPPRESS)
+  p = argparse.ArgumentParser(prog="python -m jax_distgemm.bench", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  positive = _at_least(int, 1)
+  p.add_argument("--m", type=positive, help="global M (GPU default 16384, CPU 256)")
+  p.add_argument("--n", type=positive, help="global N (GPU default 106496, CPU 512)")
+  p.add_argument("--k", type=positive, help="global K (GPU default 16384, CPU 128)")
+  p.add_argument("--l", type=positive, default=1, help="batch L (default 1: no batch dim)")
+  p.add_argument("--alpha", type=float, default=1.0, help="out = alpha * x @ w + beta * c")
+  p.add_argument("--beta", type=float, default=0.0, help="beta != 0 adds a random fp32 c")
+  p.add_argument("--schedule", help="a full name, AG-RotA, AG-RotB, RS-TilA, RS-TilB or 'all' "
+                 "(default AG-RotA; with --suite, that schedule's cases of the suite)")
+  p.add_argument("--tp", type=positive, default=2, help="tensor-parallel size (default 2)")
+  p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="default bf16")
+  p.add_argument("--suite", nargs="?", const="standard", choices=SUITES,
+                 help="a suite of shapes instead of one: 'standard' (default) or 'small' "
+                 "(decode and small batches); on CPU its dimensions are scaled down")
+  p.add_argument("--warmup-iterations", type=_at_least(int, 0), default=5,
+                 help="calls before timing (default 5)")
+  p.add_argument("--iterations", type=positive,
+                 help=f"calls per repeat (default: ~{TARGET_REPEAT_MS:g} ms of calls)")
+  p.add_argument("--repeats", type=positive, default=7, help="rounds; the median is reported")
+  p.add_argument("--eps", type=_at_least(float, 0.0),
+                 help="max relative Frobenius error of ffi/auto/xla against reference "
+                 "(default 1e-2 for bf16, 2e-3 for fp16, 1e-3 for fp32)")
+  p.add_argument("--seed", type=int, default=0, help="PRNG seed of the inputs")
+  p.add_argument("--l2-mb", type=_at_least(float, 0.0), default=60.0,
+                 help="L2 size in MiB; input sets rotate past twice it (default 60)")
+  p.add_argument("--local-gemm", action="store_true",
+                 help="also time one stage's GEMM, XLA's dot and ours (the fused op at TP=1)")
+  p.add_argument("--tuning-file", metavar="PATH",
+                 help="load the stage-GEMM choices saved in PATH (if it exists) before timing, "
+                 "and save this process's choices to it at the end (replacing the file)")
+  p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+  p.add_argument("--plot", metavar="PATH", help="write a bar chart as PNG (needs matplotlib)")
+  p.add_argument("--list", action="store_true", help="print the cases and exit")
+  p.add_argument(CHILD_FLAG, dest="child", action="store_true", help=argparse.SUPPRESS)
   return p
-
-
-def _check_output_path(p: argparse.ArgumentParser, flag: str, path: str) -> None:
-  cli.check_output_path(p, flag, path)
-  if flag == "--plot" and os.path.splitext(path)[1].lower() != ".png":
-    p.error(f"{flag}: {path}: must end in .png (the chart is written as a PNG)")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -166,237 +474,213 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.suite and (args.m or args.n or args.k):
     p.error("--suite runs its own shapes: drop --m/--n/--k")
-  args.schedule_given = any(a.startswith("--schedule") for a in argv)
-  args.dtype = bl.DTYPES[args.dtype]
-  wanted = [s.strip() for s in args.impls.split(",") if s.strip()]
-  unknown = [s for s in wanted if s not in bl.ROWS]
-  if unknown:
-    p.error(f"--impls: unknown {unknown}; choose from {list(bl.ROWS)}")
-  if args.no_windowed_einsum and "windowed_einsum" in wanted:
-    wanted.remove("windowed_einsum")
-  if not wanted:
-    p.error(f"--impls: no rows left to measure; choose from {list(bl.ROWS)}")
-  args.want = frozenset(wanted)
-  if args.schedule != "all":
-    try:
-      args.schedules = [bl.parse_schedule(args.schedule)]
-    except ValueError as e:
-      p.error(str(e))
-  else:
-    args.schedules = list(bl.Schedule)
-  if args.suite and args.schedule_given:  # the suite's schedules do not depend on the platform
-    have = [s for s in bl.Schedule if any(c[0] == s for c in bl.suite(args.suite, "gpu"))]
-    if not set(have) & set(args.schedules):
-      p.error(f"--schedule {args.schedule}: no case of --suite {args.suite} has it, so there "
-              f"is nothing to run (its schedules: {', '.join(bl.SHORT_NAMES[s] for s in have)})")
-  try:  # the library's rule, checked here rather than as a FAIL of every case
+  args.dtype = DTYPES[args.dtype]
+  names = ({s.name.lower(): [s] for s in Schedule} | {"all": list(Schedule)} |
+           {v.lower(): [s] for s, v in SHORT_NAMES.items()})
+  args.schedules = names.get((args.schedule or "AG-RotA").lower())
+  if args.schedules is None:
+    p.error(f"--schedule: unknown {args.schedule!r}: give a full name, one of "
+            f"{', '.join(SHORT_NAMES.values())}, or 'all'")
+  try:  # the library's rule, as a usage error rather than a FAIL of every case
     validation.check_scalars(alpha=args.alpha, beta=args.beta)
   except ValueError as e:
     p.error(f"--{e}")
-  if not args.child_out:  # before anything is measured, not when the results are written
-    seen = {}
-    for flag, path in (("--json", args.json), ("--plot", args.plot),
-                       ("--tuning-file", args.tuning_file)):
-      if path is not None:
-        _check_output_path(p, flag, path)
-        real = os.path.realpath(path)
-        if real in seen:
-          p.error(f"{seen[real]} and {flag} name the same file {path}: give each its own")
-        seen[real] = flag
-  if args.plot and not args.child_out:
-    try:
-      import matplotlib  # noqa: F401
-    except ImportError:
-      p.error("--plot needs matplotlib (pip install matplotlib)")
+  try:
+    if not resolve_cases(args, "gpu"):
+      p.error(f"--schedule {args.schedule}: --suite {args.suite} has no case of it")
+  except ValueError as e:
+    p.error(str(e))
+  seen = {}
+  for flag, path in (("--json", args.json), ("--plot", args.plot),
+                     ("--tuning-file", args.tuning_file)):
+    if path is None or args.child:
+      continue
+    cli.check_output_path(p, flag, path)
+    if flag == "--plot" and not path.lower().endswith(".png"):
+      p.error(f"--plot: {path}: must end in .png")
+    if os.path.realpath(path) in seen:
+      p.error(f"{seen[os.path.realpath(path)]} and {flag} name the same file {path}")
+    seen[os.path.realpath(path)] = flag
+  try:
+    if args.plot and not args.child:
+      import matplotlib  # noqa: F401, PLC0415
+  except ImportError:
+    p.error("--plot needs matplotlib (pip install matplotlib)")
   return args
 
 
-def resolve_cases(args: argparse.Namespace, platform: str) -> list[bl.Case]:
-  """The cases of this run; the defaults depend on the platform (tiny on CPU)."""
+def resolve_cases(args, platform: str) -> list[Case]:
+  """The suite's cases (of --schedule, if given) or one per schedule; scaled down on CPU."""
   common = dict(l=args.l, tp=args.tp, dtype=args.dtype, alpha=args.alpha, beta=args.beta)
   if args.suite:
-    cases = [bl.Case(s, m, k, n, **common) for s, m, k, n in bl.suite(args.suite, platform)
-             if not args.schedule_given or s in args.schedules]
+    scale = CPU_SCALE[args.suite] if platform == "cpu" else 1
+    cases = [Case(s, m, k, n, **common) for s, m, k, n in suite(args.suite, scale)
+             if not args.schedule or s in args.schedules]
   else:
-    dm, dk, dn = bl.CPU_DEFAULT_SHAPE if platform == "cpu" else bl.SEED_SHAPE
-    m, k, n = args.m or dm, args.k or dk, args.n or dn
-    cases = [bl.Case(s, m, k, n, **common) for s in args.schedules]
-  if not cases:  # parse_args rejects the filters that leave none; this is the backstop
-    build_parser().error(f"--suite {args.suite} --schedule {args.schedule}: no case to run")
-  bad = [f"{c.label}: {c.invalid_reason()}" for c in cases if c.invalid_reason()]
-  if bad:
-    raise SystemExit("jax_distgemm.bench: invalid case(s):\n  " + "\n  ".join(bad))
+    m, k, n = CPU_SHAPE if platform == "cpu" else SEED_SHAPE
+    cases = [Case(s, args.m or m, args.k or k, args.n or n, **common) for s in args.schedules]
+  if bad := [f"{c.label}: {c.invalid_reason()}" for c in cases if c.invalid_reason()]:
+    raise ValueError("invalid case(s): " + "; ".join(bad))
   return cases
 
 
-def options(args: argparse.Namespace) -> bl.Options:
-  return bl.Options(
-      iterations=args.iterations, warmup=args.warmup_iterations, repeats=args.repeats,
-      target_repeat_ms=args.target_repeat_ms, heat_ms=args.heat_ms, eps=args.eps,
-      l2_bytes=int(args.l2_mb * 2**20),
-      rotation_budget_bytes=int(args.rotation_budget_gb * 2**30), max_sets=args.max_sets,
-      seed=args.seed, local_gemm=args.local_gemm, want=args.want,
-      max_in_flight=args.max_in_flight,
-      calls_per_program=(args.calls_per_program or
-                         (SMALL_SUITE_CALLS_PER_PROGRAM if args.suite == "small" else 1)))
+def select_devices(tp: int):
+  """(the first `tp` devices, their platform): GPUs if any, else fake CPU devices."""
+  try:
+    jax.config.update("jax_num_cpu_devices", max(8, tp))
+  except RuntimeError:
+    pass  # the backends are up already (the request must come first): use what they have
+  devices = jax.devices()
+  if len(devices) < tp:
+    raise SystemExit(f"jax_distgemm.bench: --tp {tp} needs {tp} devices, jax.devices() has "
+                     f"{len(devices)}")
+  return devices[:tp], devices[0].platform
 
 
-def _progress(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
+# -- Reports ------------------------------------------------------------------------------------
+
+def _fmt(v, spec: str) -> str:
+  return "-" if v is None else format(v, spec)
+
+
+TABLE_HEADER = (f"{'case':<26}" + "".join(f"{h:>10}" for h in (
+    "ideal", "ffi", "auto", "ref", "ring", "win.ein")) +
+                f"{'TFLOP/s':>9}{'eff':>6}{'speedup':>8}  {'best':<16}{'rel.err':>8}  check")
+
+
+def table_lines(result: dict, notes: dict) -> str:
+  """A case: ms per call of every row (n/a[i]: footnote i says why), ours' numbers, and with
+  --local-gemm a second line for the stage GEMM."""
+  cells = []
+  for name, row in result["rows"].items():
+    if "ms" in row:
+      cells.append(f"{row['ms']:>10.4f}")
+    else:
+      mark = notes.setdefault(f"{name}: {row['status']}: {row['reason']}", len(notes) + 1)
+      cells.append(f"{f'n/a[{mark}]':>10}")
+  ours = result["rows"]["ffi"]
+  rate = ours.get("tflops_per_device")  # one decimal on GPUs, three digits when tiny (CPU)
+  rate = _fmt(rate, ".1f" if rate and rate >= 10 else ".3g")
+  line = (f"{result['label']:<26}{''.join(cells)}{rate:>9}"
+          f"{_fmt(result['efficiency'], '.2f'):>6}{_fmt(result['speedup'], '.2f'):>8}  "
+          f"{result['best_baseline'] or '-':<16}{_fmt(ours.get('rel_err'), '.1e'):>8}  "
+          f"{'ok' if result['passed'] else 'FAIL'}")
+  if lg := result.get("local_gemm"):
+    line += (f"\n{'':<4}local GEMM, stage {','.join(map(str, lg['stage_shape']))}: XLA dot "
+             f"{_fmt(lg['xla_ms'], '.4f')} ms, ours ({lg['executor']}) "
+             f"{_fmt(lg['ours_ms'], '.4f')} ms, XLA/ours {_fmt(lg['ratio'], '.3f')}"
+             + (f" ({lg['reason']})" if lg["reason"] else ""))
+  return line
+
+
+def plot(results: list[dict], path: str, title: str) -> None:
+  """Grouped bars: TFLOP/s per device of every row, per case; ffi's bars carry efficiency."""
+  import matplotlib  # noqa: PLC0415 - only for --plot
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  names = [n for n in ROWS if any("ms" in r["rows"][n] for r in results)]
+  width, xs = 0.8 / max(len(names), 1), np.arange(len(results))
+  fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(results) + 3), 5))
+  for j, name in enumerate(names):
+    vals = [r["rows"][name].get("tflops_per_device") or 0.0 for r in results]
+    bars = ax.bar(xs + (j - (len(names) - 1) / 2) * width, vals, width, label=name)
+    if name == "ffi":
+      ax.bar_label(bars, [_fmt(r["efficiency"], ".2f") for r in results], fontsize=7)
+  ax.set_xticks(xs, [r["label"].replace(" ", "\n", 1) for r in results], fontsize=8)
+  ax.set_ylabel("TFLOP/s per device")
+  ax.set_title(f"{title}  (on ffi: efficiency = ideal / ours)", fontsize=9)
+  ax.legend(fontsize=7, ncol=min(6, len(names)))
+  ax.grid(axis="y", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120, format="png")
+  plt.close(fig)
+
+
+def _write(path: str, write) -> str | None:
+  try:
+    write(path)
+  except (OSError, ValueError) as e:  # the path was checked up front; a disk can still fill up
+    return f"cannot write {path}: {e}"
+  return None
 
 
 def _write_json(path: str, payload: dict) -> None:
-  tmp = path + ".tmp"
-  try:
-    with open(tmp, "w") as f:
-      json.dump(bl.sanitize(payload), f, indent=1)
-    os.replace(tmp, path)
-  except OSError as e:  # parse_args checked the path; it can still go (a full disk, rm -r)
-    raise SystemExit(f"jax_distgemm.bench: --json: cannot write {path}: {e}") from None
+  with open(path, "w") as f:
+    json.dump(payload, f, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parse_args(argv)
-  opts = options(args)
-
-  if args.child_out:  # the windowed-einsum child (see bench_lib.run_windowed_child)
-    bl.child_main(lambda platform: resolve_cases(args, platform), args.tp, opts, args.child_out)
+  log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+  if args.child:
+    _child_main(args)
     return 0
-
-  # A tuning file that will not load stops the run before the child times anything (the
-  # load itself waits for the backend, below).
+  loaded = None
   if args.tuning_file and os.path.exists(args.tuning_file) and not args.list:
     try:
-      runtime._read_tuning(args.tuning_file, "jax_distgemm.load_tuning")
+      loaded = runtime.load_tuning(args.tuning_file)
     except ValueError as e:
       raise SystemExit(f"jax_distgemm.bench: --tuning-file: {e}") from None
-
-  # The child runs first, before this process initializes a backend (and preallocates memory).
-  child_rows, child_failure, child_flags = {}, None, None
-  if "windowed_einsum" in opts.want and not args.list:
-    child_rows, child_failure, child_flags = bl.run_windowed_child(
-        argv, tuple(args.windowed_einsum_flags.split()), _progress)
-
-  devices, platform, note = bl.select_devices(args.tp)
-  opts = bl.resolve_in_flight(opts, platform)
-  cases = resolve_cases(args, platform)
-  if note:
-    print(f"NOTE: {note}")
-    if args.suite:
-      scale = bl.CPU_SMALL_SUITE_SCALE if args.suite == "small" else bl.CPU_SUITE_SCALE
-      print(f"NOTE: suite shapes divided by {scale} on CPU")
-  if opts.max_in_flight:
-    print(f"NOTE: block_until_ready after every {opts.max_in_flight} call(s) "
-          "(--max-in-flight), not only at the end of a repeat")
+  child = {} if args.list else run_windowed_child(argv, log)
+  devices, platform = select_devices(args.tp)
+  try:
+    cases = resolve_cases(args, platform)
+  except ValueError as e:  # the suite scaled down for CPU
+    raise SystemExit(f"jax_distgemm.bench: {e}") from None
+  if platform == "cpu":
+    print(f"NOTE: no GPU: TP={args.tp} on fake CPU devices, tiny shapes: a smoke test only")
   if args.list:
-    for c in cases:
-      print(f"{c.label:<32} {c.key}")
+    print("\n".join(c.label for c in cases))
     return 0
 
-  env = bl.environment(devices, platform, note)
-  tuning_loaded = None
-  if args.tuning_file and os.path.exists(args.tuning_file):
-    try:
-      tuning_loaded = runtime.load_tuning(args.tuning_file)
-    except (ValueError, OSError) as e:
-      raise SystemExit(f"jax_distgemm.bench: --tuning-file: {e}") from None
-    print(f"--tuning-file: loaded {tuning_loaded} saved choice(s) x GPU from {args.tuning_file}")
-  meta = {
-      **env, "argv": argv, "tp": args.tp, "dtype": args.dtype,
-      "timing": {"iterations": args.iterations, "warmup_iterations": opts.warmup,
-                 "repeats": opts.repeats, "target_repeat_ms": opts.target_repeat_ms,
-                 "max_in_flight": opts.max_in_flight, "heat_ms": opts.heat_ms,
-                 "statistic": "median over repeats of (wall time of N back-to-back calls + one "
-                              "block_until_ready) / N; repeats interleaved across rows in a "
-                              "seeded shuffled order, each after ~heat_ms of untimed calls "
-                              "of the same row (their times: ms_after_switch)"},
-      "l2_bytes": opts.l2_bytes, "rotation_budget_bytes": opts.rotation_budget_bytes,
-      "rows": list(bl.ROWS), "ours": bl.OURS, "baselines": list(bl.BASELINES),
-      "gated": list(bl.GATED), "windowed_einsum_xla_flags": child_flags,
-      "ideal": "XLA dot of one device's share (AG-RotA x[M,K]@w[K,N/TP], AG-RotB "
-               "x[M/TP,K]@w[K,N], RS x[M,K/TP]@w[K/TP,N]) on device 0, no communication",
-      "efficiency": "ideal_ms / ms", "speedup": "best baseline ms / ms",
-      "efficiency_per_round": "median and quartiles over rounds of ideal / ours within the "
-                              "same round (less clock drift than the ratio of medians)",
-      "tuning_file": args.tuning_file, "tuning_loaded": tuning_loaded,
-  }
-  print(f"jax_distgemm.bench: {len(cases)} case(s) on {args.tp} x {env['device_kind']} "
-        f"({platform}); jax {env['jax']}; CUDA executor built: {env['cuda_executor_built']}")
-  here = dataclasses.replace(opts, want=opts.want - {"windowed_einsum"})
-  monitor = gpu_monitor.GpuMonitor()
-  if platform != "gpu":
-    monitor.off(f"platform {platform}")
-  elif args.no_gpu_monitor:
-    monitor.off("--no-gpu-monitor")
-  else:
-    monitor.start()
-  meta["gpu_monitor"] = monitor.describe()
-  results = []
-  t_start = time.perf_counter()
-  try:
-    for i, case in enumerate(cases):
-      def progress(msg, i=i, case=case):
-        _progress(f"[{i + 1}/{len(cases)} {time.perf_counter() - t_start:7.1f}s] "
-                  f"{case.label}: {msg}")
-      progress("start")
-      # Windowed einsum was timed by the child (other XLA_FLAGS); not here.
-      got = bl.run_case(case, i, devices, here, progress, monitor)
-      if "local_gemm" in got["data"]:  # our side: the CUTLASS kernels only on GPU
-        got["data"]["local_gemm"]["executor"] = (
-            "cutlass" if platform == "gpu" else f"{platform} executor")
-      rows = got["rows"]
-      if "windowed_einsum" in opts.want:
-        rows["windowed_einsum"] = child_rows.get(case.key) or {
-            "status": "error",
-            "reason": child_failure or "the windowed-einsum child produced no result"}
-      else:
-        rows["windowed_einsum"] = {"status": "skipped",
-                                   "reason": "not requested (--no-windowed-einsum / --impls)"}
-      result = bl.finalize_case(case, rows, got["data"], opts)
-      results.append(result)
-      print(bl.case_block(result, i + 1, len(cases)), flush=True)
-      if args.json:
-        _write_json(args.json, {"meta": meta, "cases": results, "complete": False})
-  finally:
-    monitor.stop()  # no sampling thread or NVML session left behind, whatever happened
-  print()
-  print(bl.summary_table(results))
-  passed = all(r["passed"] for r in results)
-  meta["gpu_monitor"] = monitor.describe()
-  meta["copy_streams"] = runtime.copy_stream_reports()
-  errors = []  # after the measurements: reported, and the exit status 1, but the JSON written
+  eps = args.eps if args.eps is not None else DEFAULT_EPS[args.dtype]
+  kind = devices[0].device_kind
+  meta = {"argv": argv, "platform": platform, "devices": [str(d) for d in devices],
+          "device_kind": kind, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+          "jax_distgemm": jax_distgemm.__version__, "cuda_built": ffi_modules.has_cuda(),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "windowed_einsum_flags":
+          WINDOWED_EINSUM_FLAGS, "baselines": BASELINES, "checked": CHECKED,
+          "tuning_file": args.tuning_file, "tuning_loaded": loaded}
+  if loaded is not None:
+    print(f"--tuning-file: loaded {loaded} saved choice(s) x GPU from {args.tuning_file}")
+  print(f"jax_distgemm.bench: {len(cases)} case(s), TP={args.tp} {args.dtype} on {kind}; ms "
+        "per call (median); TFLOP/s per device, eff (ideal/ours), speedup (best baseline/ours) "
+        "and rel.err are ffi's\n" + TABLE_HEADER, flush=True)
+  results, notes, t0 = [], {}, time.perf_counter()
+  for i, case in enumerate(cases):
+    rows = measure_case(case, i, devices, ROWS[:-1], args, lambda msg, i=i, c=case: log(
+        f"[{i + 1}/{len(cases)} {time.perf_counter() - t0:6.1f}s] {c.label}: {msg}"))
+    rows["windowed_einsum"] = child.get(case.label) or child.get("") or {
+        "status": "error", "reason": "the windowed-einsum child did not time it"}
+    results.append(finalize(case, rows, eps, platform))
+    print(table_lines(results[-1], notes), flush=True)
+    if args.json:  # after every case, so that a run cut short leaves its results
+      _write(args.json, lambda p: _write_json(p, {"meta": meta, "cases": results}))
+    gc.collect()  # the case's arrays and executables: GiBs at the seed's shape
+    jax.clear_caches()
+  print("".join(f"  [{mark}] {why}\n" for why, mark in notes.items()), end="")
+  errors = []
   if args.tuning_file:
     try:
-      meta["tuning_saved"], meta["tuning_kept"] = runtime._save_tuning(args.tuning_file,
-                                                                       keep_existing=True)
-    except (ValueError, OSError) as e:
-      meta["tuning_error"] = str(e)
+      saved = meta["tuning_saved"] = runtime.save_tuning(args.tuning_file)
+      print(f"--tuning-file: saved {saved} choice(s) to {args.tuning_file}")
+    except ValueError as e:
       errors.append(f"--tuning-file: {e}")
-    else:
-      print(f"--tuning-file: saved {meta['tuning_saved']} choice(s) this process holds "
-            f"(loaded from the file or tuned here) to {args.tuning_file}, kept "
-            f"{meta['tuning_kept']} other(s) from the file")
-  for c in meta["copy_streams"]:
-    print(runtime.describe_copy_stream(c))
+  passed = all(r["passed"] for r in results)
   if args.json:
-    _write_json(args.json, {"meta": meta, "cases": results, "complete": True,
-                            "passed": passed})
-    print(f"wrote {args.json}")
+    errors.append(_write(args.json, lambda p: _write_json(
+        p, {"meta": meta, "cases": results, "complete": True, "passed": passed})))
   if args.plot:
-    title = f"jax_distgemm TP={args.tp} {args.dtype} on {env['device_kind']}"
-    try:
-      bl.plot(results, args.plot, title)
-      print(f"wrote {args.plot}")
-    except (OSError, ValueError) as e:  # parse_args checked the path and the suffix
-      errors.append(f"--plot: cannot write {args.plot}: {e}")
-  for e in errors:
-    print(f"jax_distgemm.bench: {e}", file=sys.stderr)
-  if not passed:
-    print("FAILED: " + "; ".join(f"{r['case']['short']} {r['case']['m']},{r['case']['k']},"
-                                 f"{r['case']['n']}: {', '.join(r['failures'])}"
-                                 for r in results if not r["passed"]))
-  return 0 if passed and not errors else 1
+    errors.append(_write(args.plot, lambda p: plot(
+        results, p, f"jax_distgemm TP={args.tp} {args.dtype} on {kind}")))
+  for e in filter(None, errors):
+    log(f"jax_distgemm.bench: {e}")
+  for r in results:
+    if not r["passed"]:
+      print(f"FAIL {r['label']}: {'; '.join(r['failures'])}")
+  return 0 if passed and not any(errors) else 1
 
 
 if __name__ == "__main__":

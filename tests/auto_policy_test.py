@@ -24,7 +24,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
-from jax_distgemm._src import api, bench_lib, config, cuda_rules  # noqa: E402
+from jax_distgemm import bench  # noqa: E402
+from jax_distgemm._src import api, config, cuda_rules  # noqa: E402
 
 AG_A = Schedule.AllGather1D_TilingCD_RotatingA
 RS_A = Schedule.ReduceScatter1D_TilingA_RotatingC
@@ -33,19 +34,17 @@ TP = 2
 
 def _local(schedule, m, k, n, tp=TP, batch=()):
   """Local (x, w) ShapeDtypeStructs of a global (M, K, N) case."""
-  case = bench_lib.Case(Schedule(schedule), m, k, n, tp=tp)
-  xg, wg, _ = case.global_shapes()
-  xs, ws, _ = case.specs()
+  xs, ws, _ = Schedule(schedule).partition_specs("tp")
   local = lambda g, s: tuple(d // (tp if ax else 1) for d, ax in zip(g, s))
-  x = jax.ShapeDtypeStruct(batch + local(xg, xs), jnp.bfloat16)
-  w = jax.ShapeDtypeStruct(local(wg, ws), jnp.bfloat16)
+  x = jax.ShapeDtypeStruct(batch + local((m, k), xs), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct(local((k, n), ws), jnp.bfloat16)
   return x, w
 
 
 class XlaFasterReasonTest(parameterized.TestCase):
 
   def test_standard_suite_stays_fused(self):
-    for s, m, k, n in bench_lib.standard_suite():
+    for s, m, k, n in bench.suite("standard"):
       x, w = _local(s, m, k, n)
       self.assertIsNone(cuda_rules.xla_faster_reason(x, w, s, TP), (s, m, k, n))
 
@@ -53,7 +52,7 @@ class XlaFasterReasonTest(parameterized.TestCase):
     # Gated: the per-device problem is at most one wave of 128x128 tiles.
     gated = {(AG_A, 64, 8192, 8192), (AG_A, 256, 8192, 8192), (RS_A, 64, 8192, 8192),
              (RS_A, 256, 8192, 8192), (RS_A, 64, 28672, 8192)}
-    for s, m, k, n in bench_lib.small_suite():
+    for s, m, k, n in bench.suite("small"):
       x, w = _local(s, m, k, n)
       reason = cuda_rules.xla_faster_reason(x, w, s, TP)
       self.assertEqual(reason is not None, (s, m, k, n) in gated, (s, m, k, n, reason))

@@ -572,6 +572,35 @@ class ValidationTest(absltest.TestCase):
           config.workspace_cap_bytes()
 
 
+class CudaImportTest(absltest.TestCase):
+  """Why the CUDA extension is missing, as ffi_unsupported_reason reports it."""
+
+  def test_cuda_import_error_says_why(self):
+    # Not "partially initialized module ... (most likely due to a circular import)": the
+    # reason api.ffi_unsupported_reason appends.
+    from jax_distgemm import ffi as ffi_modules  # noqa: PLC0415
+    if not ffi_modules.has_cuda():
+      msg = str(ffi_modules.cuda_import_error)
+      self.assertNotIn("circular import", msg)
+      self.assertIn("_distgemm_cuda was not built", msg)
+    name = "jax_distgemm.ffi._distgemm_cuda"
+    for raised, want in (
+        (ModuleNotFoundError(f"No module named {name!r}", name=name), "was not built: no "),
+        (ImportError("libcudart.so.12: cannot open shared object file"),
+         "is installed but does not load: libcudart.so.12"),
+        (ModuleNotFoundError("No module named 'nvidia'", name="nvidia"),
+         "is installed but does not load: No module named 'nvidia'")):
+      with self.subTest(raised=raised), mock.patch.object(
+          ffi_modules.importlib, "import_module", side_effect=raised):
+        module, error = ffi_modules._import_cuda()
+      self.assertIsNone(module)
+      self.assertIsInstance(error, ImportError)
+      self.assertIn(want, str(error))
+    fake = object()
+    with mock.patch.object(ffi_modules.importlib, "import_module", return_value=fake):
+      self.assertEqual(ffi_modules._import_cuda(), (fake, None))
+
+
 class WorkspaceEstimateTest(absltest.TestCase):
   """The estimate behind the workspace cap (not a bad input: no row in the table)."""
 
