@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,24 +50,10 @@ import numpy as np
 
 from jax.custom_derivatives import SymbolicZero
 
-from jax_distgemm._src import validation
+from jax_distgemm._src import implementation, validation
+from jax_distgemm._src.implementation import Params
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
-
-
-@dataclasses.dataclass(frozen=True)
-class Params:
-  """Static arguments of one call (hashable: the custom_vjp's nondiff argument)."""
-
-  schedule: Schedule
-  axis_name: tuple[str, ...]
-  tp: int
-  alpha: float
-  beta: float
-  out_dtype: np.dtype
-  implementation: str | None  # as requested; None is resolved per call (forward and backward)
-  timeout_ms: int
-  with_operand: bool = False  # AllGather: also return the gathered operand (out, AG(x or w))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,122 +181,127 @@ def _batched_like(op, *others):
   return op
 
 
-def differentiable(run: Callable, resolve: Callable) -> Callable:
-  """Builds matmul(x, w, c, params) with the custom VJP above.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _matmul(x, w, c, params: Params):
+  return implementation.run(x, w, c, params)
 
-  run(x, w, c, params, implementation) computes the forward of `params.schedule` with a concrete
-  implementation name (a pair (out, gathered operand) when params.with_operand);
-  resolve(x, w, params) turns params.implementation (None: auto) into one.
-  Operands must already vary over the same manual axes (api._match_vma), so that cotangents
-  have the primal's type; the pcast that matched them transposes to the psum over the axes a
-  replicated operand (e.g. w over "data") did not vary over.
-  """
 
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-  def matmul(x, w, c, params: Params):
-    return run(x, w, c, params, resolve(x, w, params))
+def _residuals(x, w, c):
+  return x, w, None if c is None else jnp.zeros((0,), c.dtype)  # only c's dtype is needed
 
-  def residuals(x, w, c):
-    return x, w, None if c is None else jnp.zeros((0,), c.dtype)  # only c's dtype is needed
 
-  def fwd(x, w, c, params):
-    # Through `matmul` itself (not `run`): under an outer differentiation (grad of grad) the
-    # forward is then differentiated by this same rule, never by a JVP of the FFI primitive.
-    return matmul(x, w, c, params), residuals(x, w, c)
+def _fwd(x, w, c, params):
+  # Through `_matmul` itself (not `run`): under an outer differentiation (grad of grad) the
+  # forward is then differentiated by this same rule, never by a JVP of the FFI primitive.
+  return _matmul(x, w, c, params), _residuals(x, w, c)
 
-  # with_operand: (out, gathered operand).  symbolic_zeros: a gathered operand nobody uses
-  # (its cotangent a symbolic zero) costs no reduce-scatter in the backward.
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-  def matmul_with_operand(x, w, c, params: Params):
-    return run(x, w, c, params, resolve(x, w, params))
 
-  def fwd_with_operand(x, w, c, params):
-    x, w, c = (None if a is None else a.value for a in (x, w, c))
-    return matmul_with_operand(x, w, c, params), residuals(x, w, c)  # (see fwd)
+# with_operand: (out, gathered operand).  symbolic_zeros: a gathered operand nobody uses
+# (its cotangent a symbolic zero) costs no reduce-scatter in the backward.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _matmul_with_operand(x, w, c, params: Params):
+  return implementation.run(x, w, c, params)
 
-  def bwd_with_operand(params: Params, res, cts):
-    x, w, c_token = res
-    g, g_op = cts
-    plain = dataclasses.replace(params, with_operand=False)
-    if isinstance(g, SymbolicZero):  # only the gathered operand is used
-      dx, dw = zeros_varying_like(x), zeros_varying_like(w)
-      dc = None if c_token is None else zeros_varying_like(x, g.shape, c_token.dtype)
-    else:
-      dx, dw, dc = bwd(plain, res, g)
-    if not isinstance(g_op, SymbolicZero):
-      if params.schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-        dx = dx + _reduce_scatter(g_op, params, x.ndim - 2, x.dtype)
-      else:
-        dw = dw + _reduce_scatter(g_op, params, w.ndim - 1, w.dtype)
-    return dx, dw, dc
 
-  # NOTE: JAX has no symbolic_zeros custom_vjp under an eager (un-jitted) shard_map
-  # ("custom_vjp symbolic_zeros support with shard_map is not implemented", jax 0.11-0.12).
-  # There the same rule runs with dense cotangents: an unused gathered operand then costs a
-  # reduce-scatter of zeros, in eager mode only.
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-  def matmul_with_operand_dense(x, w, c, params: Params):
-    return run(x, w, c, params, resolve(x, w, params))
+def _fwd_with_operand(x, w, c, params):
+  x, w, c = (None if a is None else a.value for a in (x, w, c))
+  return _matmul_with_operand(x, w, c, params), _residuals(x, w, c)  # (see _fwd)
 
-  def fwd_with_operand_dense(x, w, c, params):
-    return matmul_with_operand_dense(x, w, c, params), residuals(x, w, c)
 
-  def with_operand_op(*arrays):
-    return matmul_with_operand_dense if _eager_shard_map(*arrays) else matmul_with_operand
-
-  def dual(a, b, params: Params, schedule: Schedule, out_dtype, *, with_operand: bool):
-    """The dual fused op; with_operand: also return the operand it gathers."""
-    p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=jnp.dtype(out_dtype),
-                            with_operand=with_operand)
-    # Through the custom_vjp itself, so that the backward is differentiable again.
-    if with_operand:
-      return with_operand_op(a, b)(a, b, None, p)
-    return matmul(a, b, None, p), None
-
-  def bwd(params: Params, res, g):
-    x, w, c_token = res
-    op = OP_SETS[params.schedule]
-    alpha, w_batched = params.alpha, w.ndim > 2
-    rows = x.ndim - 2
-    dc = None if c_token is None else (params.beta * g.astype(jnp.float32)).astype(c_token.dtype)
-    # fp16 x with an fp32 out: g scaled by a power of two agreed over the group (s), every
-    # product of it unscaled below; bf16 and same-dtype calls are only cast.
-    g, sc = scale_cotangent(g, x.dtype, lambda amax: jax.lax.pmax(amax, _axis(params)))
-    s = params.schedule
-    if s == Schedule.AllGather1D_TilingCD_RotatingA:
-      # out [B, M, N/TP] = AG_rows(x) @ w.
-      dx, _ = dual(g, _t(w), params, op.backward, x.dtype, with_operand=False)
-      x_all = _all_gather(x, params, rows)                      # re-gathered (see docstring)
-      dw = _weight_grad(_t(x_all), g, alpha, w_batched, w.dtype)
-    elif s == Schedule.AllGather1D_TilingCD_RotatingB:
-      # out [B, M/TP, N] = x @ AG_cols(w).
-      xt, gf = _fold_batch(_t(x), g, w_batched)
-      dw, _ = dual(xt, gf, params, op.backward, w.dtype, with_operand=False)
-      w_all = _all_gather(w, params, w.ndim - 1)                # re-gathered (see docstring)
-      dx = _input_grad(g, _t(w_all), alpha, x.dtype)
-    elif s == Schedule.ReduceScatter1D_TilingA_RotatingC:
-      # out [B, M/TP, N] = RS_rows(x @ w).
-      dx, g_all = dual(g, _t(w), params, op.backward, x.dtype, with_operand=True)
-      dw = _weight_grad(_t(x), g_all, alpha, w_batched, w.dtype)
-    else:
-      # out [B, M, N/TP] = RS_cols(x @ w).
-      xt, gf = _fold_batch(_t(x), g, w_batched)
-      dw, g_all = dual(xt, gf, params, op.backward, w.dtype, with_operand=True)
-      g_all = g_all.reshape(g.shape[:-1] + (g_all.shape[-1],))  # unfold B
-      dx = _input_grad(g_all, _t(w), alpha, x.dtype)
-    return unscale(dx, sc), unscale(dw, sc), dc
-
-  matmul.defvjp(fwd, bwd)
-  matmul_with_operand.defvjp(fwd_with_operand, bwd_with_operand, symbolic_zeros=True)
-  matmul_with_operand_dense.defvjp(fwd_with_operand_dense, bwd_with_operand)
-
-  def call(x, w, c, params: Params):
-    if not params.with_operand:
-      return matmul(x, w, c, params)
+def _bwd_with_operand(params: Params, res, cts):
+  x, w, c_token = res
+  g, g_op = cts
+  plain = dataclasses.replace(params, with_operand=False)
+  if isinstance(g, SymbolicZero):  # only the gathered operand is used
+    dx, dw = zeros_varying_like(x), zeros_varying_like(w)
+    dc = None if c_token is None else zeros_varying_like(x, g.shape, c_token.dtype)
+  else:
+    dx, dw, dc = _bwd(plain, res, g)
+  if not isinstance(g_op, SymbolicZero):
     if params.schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-      x = _batched_like(x, w, c)
+      dx = dx + _reduce_scatter(g_op, params, x.ndim - 2, x.dtype)
     else:
-      w = _batched_like(w, x, c)
-    return with_operand_op(x, w)(x, w, c, params)
+      dw = dw + _reduce_scatter(g_op, params, w.ndim - 1, w.dtype)
+  return dx, dw, dc
 
-  return call
+
+# NOTE: JAX has no symbolic_zeros custom_vjp under an eager (un-jitted) shard_map
+# ("custom_vjp symbolic_zeros support with shard_map is not implemented", jax 0.11-0.12).
+# There the same rule runs with dense cotangents: an unused gathered operand then costs a
+# reduce-scatter of zeros, in eager mode only.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _matmul_with_operand_dense(x, w, c, params: Params):
+  return implementation.run(x, w, c, params)
+
+
+def _fwd_with_operand_dense(x, w, c, params):
+  return _matmul_with_operand_dense(x, w, c, params), _residuals(x, w, c)
+
+
+def _with_operand_op(*arrays):
+  return _matmul_with_operand_dense if _eager_shard_map(*arrays) else _matmul_with_operand
+
+
+def _dual(a, b, params: Params, schedule: Schedule, out_dtype, *, with_operand: bool):
+  """The _dual fused op; with_operand: also return the operand it gathers."""
+  p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=jnp.dtype(out_dtype),
+                          with_operand=with_operand)
+  # Through the custom_vjp itself, so that the backward is differentiable again.
+  if with_operand:
+    return _with_operand_op(a, b)(a, b, None, p)
+  return _matmul(a, b, None, p), None
+
+
+def _bwd(params: Params, res, g):
+  x, w, c_token = res
+  op = OP_SETS[params.schedule]
+  alpha, w_batched = params.alpha, w.ndim > 2
+  rows = x.ndim - 2
+  dc = None if c_token is None else (params.beta * g.astype(jnp.float32)).astype(c_token.dtype)
+  # fp16 x with an fp32 out: g scaled by a power of two agreed over the group (s), every
+  # product of it unscaled below; bf16 and same-dtype calls are only cast.
+  g, sc = scale_cotangent(g, x.dtype, lambda amax: jax.lax.pmax(amax, _axis(params)))
+  s = params.schedule
+  if s == Schedule.AllGather1D_TilingCD_RotatingA:
+    # out [B, M, N/TP] = AG_rows(x) @ w.
+    dx, _ = _dual(g, _t(w), params, op.backward, x.dtype, with_operand=False)
+    x_all = _all_gather(x, params, rows)                      # re-gathered (see docstring)
+    dw = _weight_grad(_t(x_all), g, alpha, w_batched, w.dtype)
+  elif s == Schedule.AllGather1D_TilingCD_RotatingB:
+    # out [B, M/TP, N] = x @ AG_cols(w).
+    xt, gf = _fold_batch(_t(x), g, w_batched)
+    dw, _ = _dual(xt, gf, params, op.backward, w.dtype, with_operand=False)
+    w_all = _all_gather(w, params, w.ndim - 1)                # re-gathered (see docstring)
+    dx = _input_grad(g, _t(w_all), alpha, x.dtype)
+  elif s == Schedule.ReduceScatter1D_TilingA_RotatingC:
+    # out [B, M/TP, N] = RS_rows(x @ w).
+    dx, g_all = _dual(g, _t(w), params, op.backward, x.dtype, with_operand=True)
+    dw = _weight_grad(_t(x), g_all, alpha, w_batched, w.dtype)
+  else:
+    # out [B, M, N/TP] = RS_cols(x @ w).
+    xt, gf = _fold_batch(_t(x), g, w_batched)
+    dw, g_all = _dual(xt, gf, params, op.backward, w.dtype, with_operand=True)
+    g_all = g_all.reshape(g.shape[:-1] + (g_all.shape[-1],))  # unfold B
+    dx = _input_grad(g_all, _t(w), alpha, x.dtype)
+  return unscale(dx, sc), unscale(dw, sc), dc
+
+_matmul.defvjp(_fwd, _bwd)
+_matmul_with_operand.defvjp(_fwd_with_operand, _bwd_with_operand, symbolic_zeros=True)
+_matmul_with_operand_dense.defvjp(_fwd_with_operand_dense, _bwd_with_operand)
+
+
+def matmul(x, w, c, params: Params):
+  """The differentiable per-shard op: implementation.run with the custom VJP above.
+
+  Operands must already vary over the same manual axes (implementation.match_vma), so that
+  cotangents have the primal's type; the pcast that matched them transposes to the psum over
+  the axes a replicated operand (e.g. w over "data") did not vary over.
+  """
+  if not params.with_operand:
+    return _matmul(x, w, c, params)
+  if params.schedule == Schedule.AllGather1D_TilingCD_RotatingA:
+    x = _batched_like(x, w, c)
+  else:
+    w = _batched_like(w, x, c)
+  return _with_operand_op(x, w)(x, w, c, params)
+

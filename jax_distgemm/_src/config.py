@@ -4,16 +4,50 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import warnings
+
+import jax
+import jaxlib
 
 _log = logging.getLogger("jax_distgemm")
-_warned: set = set()  # keys of the warnings given (warn_once)
+_given: set = set()  # keys of the warnings and log lines given (once per process)
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))) + os.sep
+    for m in (jax, jaxlib))
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_FLAX_PART = os.sep + "flax" + os.sep  # nnx layers are often called through Flax's wrappers
 
 
-def warn_once(key, msg: str, *args, level: int = logging.WARNING) -> None:
-  """One message per `key` per process on the "jax_distgemm" logger (msg % args), a warning
-  unless `level` says otherwise."""
-  if key not in _warned:
-    _warned.add(key)
+def caller_frame():
+  """The innermost frame outside jax_distgemm, jax and jaxlib (the user's line)."""
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    path = os.path.abspath(frame.f_code.co_filename)
+    if not (path.startswith(_OWN_DIR) or path.startswith(_LIBRARY_DIRS) or _FLAX_PART in path):
+      return frame
+    frame = frame.f_back
+  return None
+
+
+def warn(key, msg: str, category=UserWarning) -> None:
+  """A Python warning at the caller's line, once per `key` per process."""
+  if key in _given:
+    return
+  _given.add(key)
+  frame = caller_frame()
+  if frame is None:
+    warnings.warn(msg, category, stacklevel=2)
+    return
+  warnings.warn_explicit(msg, category, frame.f_code.co_filename, frame.f_lineno,
+                         module=frame.f_globals.get("__name__"),
+                         registry=frame.f_globals.setdefault("__warningregistry__", {}))
+
+
+def log_once(key, msg: str, *args, level: int = logging.INFO) -> None:
+  """One line per `key` per process on the "jax_distgemm" logger (msg % args)."""
+  if key not in _given:
+    _given.add(key)
     _log.log(level, msg, *args)
 
 # 30 s: long enough that a peer delayed by a loaded host (8 fake CPU devices on a 2-core CI box,

@@ -39,7 +39,7 @@ import time
 import jax
 
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm._src import config
+from jax_distgemm._src import config, device_ids
 
 _KEY = "jax_distgemm/multiprocess/v1"
 
@@ -187,14 +187,13 @@ def initialize_multiprocess(timeout_s: float = 60.0) -> None:
         f"backend says {jax.process_index()} of {jax.process_count()}")
 
   ffi_modules.module_for("cpu").sweep_stale_shm_segments()  # before any token: not this job's
-  from jax_distgemm._src import primitives  # pylint: disable=g-import-not-at-top
   for platform in ("cpu", "cuda"):
     module = ffi_modules.module_for(platform)
     if module is None:
       continue
     module.set_job_token(token)  # each extension module keeps its own shared-memory state
     try:
-      primitives.register_device_ids(platform)
+      device_ids.register(platform)
     except RuntimeError:  # no such backend (JAX_PLATFORMS): nothing to register
       pass
   if not _atexit_registered:

@@ -29,6 +29,7 @@ from jax._src.interpreters import batching
 
 from jax_distgemm import ffi as ffi_modules
 from jax_distgemm._src import config
+from jax_distgemm._src import device_ids
 from jax_distgemm._src import multiprocess
 from jax_distgemm._src import validation
 from jax_distgemm._src import xla_ring
@@ -71,15 +72,15 @@ def in_partition_body() -> bool:
 
 
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
-         beta: float, out_dtype, timeout_ms: int, fallback: bool = False,
+         beta: float, out_dtype, timeout_ms: int, ring_if_unreachable: bool = False,
          gathered: bool = False):
   """Binds the primitive on (x, w) or (x, w, c); c is cast to out_dtype.
 
   Returns out, or (out, gathered operand) with gathered=True (AllGather schedules only).
 
-  fallback: implementation=None chose this call, so where the lowering finds a TP group the
-  executor cannot meet (validation.GroupUnreachableError) or no concrete mesh, it lowers the
-  XLA ring instead, with a warning, rather than raise.
+  ring_if_unreachable: where the lowering finds a TP group the executor cannot meet
+  (validation.GroupUnreachableError) or no concrete mesh, lower the XLA ring instead (with a
+  warning) rather than raise: implementation.py sets it where None chose the fused call.
 
   NOTE: without c the primitive has two operands and the lowering supplies the FFI call's
   empty c.  A traced zero-size operand would become a zero-size shard_map argument under an
@@ -92,15 +93,15 @@ def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float
   results = distgemm_p.bind(
       *operands, schedule=schedule, axis_name=tuple(axis_name),
       tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
-      timeout_ms=int(timeout_ms), call_site=_call_site.get(), fallback=bool(fallback),
-      gathered=bool(gathered))
+      timeout_ms=int(timeout_ms), call_site=_call_site.get(),
+      ring_if_unreachable=bool(ring_if_unreachable), gathered=bool(gathered))
   return tuple(results) if gathered else results[0]
 
 
 @distgemm_p.def_abstract_eval
 def _abstract_eval(x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
-                   call_site, fallback, gathered):
-  del c, axis_name, alpha, beta, timeout_ms, call_site, fallback
+                   call_site, ring_if_unreachable, gathered):
+  del c, axis_name, alpha, beta, timeout_ms, call_site, ring_if_unreachable
   shape = output_shape(schedule, x.shape, w.shape, tp)
   # The results vary over the same manual axes as the (vma-matched) operands.
   sharding = core.get_cur_mesh_sharding()
@@ -111,7 +112,7 @@ def _abstract_eval(x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype, ti
   return out
 
 
-# -- Lowering ---------------------------------------------------------------------------------------
+# -- Lowering -------------------------------------------------------------------------------
 
 def device_groups(mesh, axis_name: tuple, tp: int, platform: str = "cpu") -> np.ndarray:
   """Global device ids of every TP group (rows), in rank order along `axis_name`.
@@ -146,35 +147,13 @@ def _concrete_mesh(ctx):
   return mesh
 
 
-_registered_device_ids: set[str] = set()
-
-
-def register_device_ids(platform: str):
-  """Tells the C++ side how local ordinals map to global device ids (once per platform).
-
-  The handlers tell local TP-group members from members in other processes by this table.
-  """
-  if platform in _registered_device_ids:
-    return
-  module = ffi_modules.module_for(platform)
-  devices = jax.local_devices(backend=platform)
-  ordinals = [d.local_hardware_id for d in devices]
-  ids = [d.id for d in devices]
-  if platform == "cpu":
-    # XLA:CPU hands the handler the device's global id as its DeviceOrdinal (seen with jax
-    # 0.11.2 and jax.distributed: 2048, 2049 in process 1), while local_hardware_id counts from
-    # 0 in every process.  Register both; they agree in one process.
-    ordinals, ids = ordinals + ids, ids + ids
-  module.set_device_ids(ordinals, ids)
-  _registered_device_ids.add(platform)
-
-
 def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, gathered,
-                   why: str):
-  """implementation=None's way out at lowering time: the XLA ring (xla_ring) in place of the
-  custom call, same operands and result.  Warns once per reason."""
-  config.warn_once(("lowering", why), "jax_distgemm: implementation=None runs the XLA ring "
-                   "here, not the fused FFI call: %s", why)
+                   why: str, quiet: bool = False):
+  """The XLA ring (xla_ring) lowered in the custom call's place, same operands and result;
+  a warning at the caller's line says why, unless `quiet`."""
+  if not quiet:
+    config.warn(("lowering", why), "jax_distgemm: implementation=None runs the XLA ring here, "
+                f"not the fused call: {why}")
 
   def ring(x, w, *c):
     out = xla_ring.distributed_matmul(x, w, c[0] if c else None, axis_name=axis_name,
@@ -197,37 +176,38 @@ def _mesh_ids(ctx) -> list[int] | str:
 
 
 def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype,
-              timeout_ms, call_site, fallback, gathered):
+              timeout_ms, call_site, ring_if_unreachable, gathered):
   # NOTE: only what the executor cannot reach falls back; a mesh that does not match the
   # axis sizes (check_tp_group) is the caller's error under every implementation.
   ring = functools.partial(_ring_lowering, ctx, x, w, *c, schedule=schedule,
                            axis_name=axis_name, alpha=alpha, beta=beta, out_dtype=out_dtype,
                            gathered=gathered)
   if ctx.module_context.lowering_parameters.for_export:
-    # NOTE: the call names its TP groups by global device ids (the executor cannot learn a
-    # device's position in the caller's device assignment), while an exported artifact may be
-    # called on other devices: where the same ids sit in other mesh positions it would pair
-    # the wrong shards (found in a review).  None exports the ring (collective-permutes over
-    # positions, right under any assignment); "ffi" keeps the fused call, pinned to these ids.
-    if fallback:
-      return ring(why=_EXPORT_PINS_IDS)
-    config.warn_once(("export",), "jax_distgemm: implementation='ffi' under jax.export: %s; "
-                     "call the artifact only where the devices %s hold the same mesh positions "
-                     "(use implementation=None or 'xla' for an artifact that runs anywhere)",
-                     _EXPORT_PINS_IDS, _mesh_ids(ctx))
+    # NOTE: the call names its TP groups by global device ids, while an exported artifact may
+    # be called on other devices: where the same ids sit in other mesh positions it would pair
+    # the wrong shards.  None exports the ring (collective-permutes over positions, right under
+    # any device assignment); "ffi" keeps the fused call, pinned to these ids.
+    if ring_if_unreachable:
+      config.log_once(("export",), "jax_distgemm: implementation=None exports the XLA ring: %s",
+                      _EXPORT_PINS_IDS)
+      return ring(why=_EXPORT_PINS_IDS, quiet=True)
+    config.warn(("export",), f"jax_distgemm: implementation='ffi' under jax.export: "
+                f"{_EXPORT_PINS_IDS}; call the artifact only where the devices "
+                f"{_mesh_ids(ctx)} hold the same mesh positions (implementation=None or 'xla' "
+                "exports an artifact that runs anywhere)")
   try:
     mesh = _concrete_mesh(ctx)
   except NotImplementedError as e:
-    if not fallback:
+    if not ring_if_unreachable:
       raise
     return ring(why=str(e))
   try:
     groups = device_groups(mesh, axis_name, tp, platform)
   except validation.GroupUnreachableError as e:
-    if not fallback:
+    if not ring_if_unreachable:
       raise
     return ring(why=str(e))
-  register_device_ids(platform)
+  device_ids.register(platform)
   if platform == "cpu":
     ffi_modules.register_cpu_targets()
   if not c:  # the FFI call always takes c: an empty one means "no c"
@@ -253,7 +233,7 @@ for _platform in ("cpu", "cuda"):
                          platform=_platform)
 
 
-# -- vmap: a mapped axis becomes one more leading batch dim -----------------------------------------
+# -- vmap: a mapped axis becomes one more leading batch dim ----------------------------------
 
 def _batch_rule(axis_data, args, dims, **params):
   x, w, *c = args
