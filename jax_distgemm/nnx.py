@@ -18,7 +18,6 @@ sharding as metadata (nnx.with_partitioning), so they are created sharded under 
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
@@ -26,72 +25,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_distgemm._src import api, config, partitioning
+import jax_distgemm
+from jax_distgemm._src import config
+from jax_distgemm._src import sharding_rules as rules
 from jax_distgemm._src.schedules import Schedule
 
 default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
-
-
-class _ByIdentity:
-  """A callable that hashes and compares by the function it wraps: the layout cache
-  (_sharded_linear) hashes the op, and a callable may have no hash (a dataclass with
-  __call__)."""
-
-  def __init__(self, fn: Callable):
-    self.fn = fn
-
-  def __call__(self, *args, **kwargs):
-    return self.fn(*args, **kwargs)
-
-  def __hash__(self):
-    return id(self.fn)
-
-  def __eq__(self, other):
-    return isinstance(other, _ByIdentity) and other.fn is self.fn
-
-
-def _per_shard_op(implementation) -> Callable:
-  """The injected implementation as fn(x, w, *, axis_name, schedule, out_dtype) per shard."""
-  if callable(implementation):
-    return implementation if _hashable(implementation) else _ByIdentity(implementation)
-  if not (implementation is None or isinstance(implementation, str)):
-    raise TypeError(f"implementation: expected a name, None or a callable, got "
-                    f"{implementation!r}")
-  if implementation is not None and implementation not in api.IMPLEMENTATIONS:
-    raise ValueError(f"implementation: expected one of {api.IMPLEMENTATIONS}, None or a "
-                     f"callable, got {implementation!r}")
-  return _named_op(implementation)
-
-
-def _hashable(fn) -> bool:
-  try:
-    hash(fn)
-  except TypeError:
-    return False
-  return True
-
-
-@functools.lru_cache(maxsize=None)
-def _named_op(implementation: str | None) -> Callable:
-  return functools.partial(api.distributed_matmul, implementation=implementation)
-
-
-@functools.lru_cache(maxsize=256)
-def _sharded_linear(mesh, op, schedule: Schedule, axis: str, x_spec: P, w_spec: P,
-                    b_spec: P | None, out_spec: P, out_dtype):
-  """jit(shard_map(op + bias)) for one layout (jit even when called eagerly: primitives.py's
-  FFI op cannot be compiled on its own by an eager shard_map)."""
-
-  def body(x, w, b):
-    y = op(x, w, axis_name=axis, schedule=schedule, out_dtype=out_dtype)
-    return y if b is None else y + b.astype(y.dtype)
-
-  specs = (x_spec, w_spec, b_spec)
-  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec))
-
 
 _DEFAULT_BATCH_AXIS = "data"
 
@@ -109,6 +52,7 @@ class _ParallelLinear(nnx.Module):
   # wrapped staticmethod then gets self too (its failure left the classes broken).
   _kernel_sharding: Callable[[str], tuple]
   _bias_sharding: Callable[[str], tuple]
+  _sharded_features: str  # the argument the TP size must divide
 
   def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
                dtype: Any = None, param_dtype: Any = jnp.float32,
@@ -117,30 +61,41 @@ class _ParallelLinear(nnx.Module):
                batch_axis: str | tuple[str, ...] | None = _DEFAULT_BATCH_AXIS,
                mesh: jax.sharding.Mesh | None = None,
                rngs: nnx.Rngs):
-    for name, v in (("in_features", in_features), ("out_features", out_features)):
+    name = type(self).__name__
+    for arg, v in (("in_features", in_features), ("out_features", out_features)):
       if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"{type(self).__name__}: {name} must be a positive integer, got {v!r}")
+        raise ValueError(f"{name}: {arg} must be a positive integer, got {v!r}")
     if isinstance(batch_axis, list):
       batch_axis = tuple(batch_axis)
     if batch_axis is not None and not (isinstance(batch_axis, str) or (
         isinstance(batch_axis, tuple) and batch_axis
         and all(isinstance(a, str) for a in batch_axis))):
-      raise TypeError(f"{type(self).__name__}: batch_axis must be a mesh axis name, a tuple of "
-                      f"them or None, got {batch_axis!r}")
+      raise TypeError(f"{name}: batch_axis must be a mesh axis name, a tuple of them or None, "
+                      f"got {batch_axis!r}")
     names = _names(batch_axis)
     if len(set(names)) != len(names):
-      raise ValueError(f"{type(self).__name__}: batch_axis {batch_axis!r} names an axis twice")
+      raise ValueError(f"{name}: batch_axis {batch_axis!r} names an axis twice")
     if axis in names:
-      raise ValueError(f"{type(self).__name__}: batch_axis and axis must be different mesh "
-                       f"axes (the batch dim and the sequence dim cannot both be sharded over "
-                       f"{axis!r}); pass batch_axis=None for no data-parallel axis")
+      raise ValueError(f"{name}: batch_axis and axis must be different mesh axes (the batch "
+                       f"dim and the sequence dim cannot both be sharded over {axis!r}); pass "
+                       "batch_axis=None for no data-parallel axis")
+    if callable(implementation):
+      pass  # a per-shard op, run in place of the fused one
+    elif implementation is not None and not isinstance(implementation, str):
+      raise TypeError(f"{name}: implementation: expected a name, None or a callable, got "
+                      f"{implementation!r}")
+    elif implementation is not None and implementation not in ("ffi", "xla", "reference"):
+      raise ValueError(f"{name}: implementation: expected one of ('ffi', 'xla', 'reference'), "
+                       f"None or a callable, got {implementation!r}")
     self.in_features, self.out_features = int(in_features), int(out_features)
     self.use_bias, self.dtype, self.param_dtype = use_bias, dtype, param_dtype
     self.axis, self.batch_axis, self.mesh = axis, batch_axis, mesh
     self.implementation = implementation
-    _per_shard_op(implementation)  # fail early on a bad value
-    if mesh is not None:
-      self._mesh()  # the axis must be one of the mesh's
+    tp = self._mesh().shape[axis]
+    if getattr(self, self._sharded_features) % tp:
+      raise ValueError(f"{name}: {self._sharded_features} "
+                       f"({getattr(self, self._sharded_features)}) must be divisible by the "
+                       f"size of mesh axis {axis!r} ({tp}): the kernel is sharded over it")
     kinit = nnx.with_partitioning(kernel_init, self._kernel_sharding(axis), mesh=mesh)
     self.kernel = nnx.Param(kinit(rngs.params(), (self.in_features, self.out_features),
                                   param_dtype))
@@ -153,8 +108,8 @@ class _ParallelLinear(nnx.Module):
   def _mesh(self):
     mesh = self.mesh if self.mesh is not None else jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty:
-      raise ValueError(f"{type(self).__name__}: no mesh; pass mesh= or call it under "
-                       "jax.set_mesh(mesh)")
+      raise ValueError(f"{type(self).__name__}: mesh: none given and none set; pass mesh= or "
+                       "build and call the layer under jax.set_mesh(mesh)")
     if self.axis not in mesh.axis_names:
       raise ValueError(f"{type(self).__name__}: axis {self.axis!r} is not an axis of the "
                        f"mesh {tuple(mesh.axis_names)}")
@@ -177,10 +132,10 @@ class _ParallelLinear(nnx.Module):
                 if n > 1 and a != self.axis and a not in (names if batch else ())]:
       how = (f"add them to batch_axis, e.g. batch_axis={tuple(names) + tuple(idle)!r}" if batch
              else "the input has no batch dim to shard over them")
-      config.warn_once(("nnx idle axes", type(self).__name__, tuple(idle), bool(batch)),
-                       "jax_distgemm.nnx.%s: the mesh axes %s shard neither the batch nor %r, "
-                       "so every replica along them computes the same layer (%s)",
-                       type(self).__name__, idle, self.axis, how)
+      config.warn(("nnx idle axes", type(self).__name__, tuple(idle), bool(batch)),
+                  f"jax_distgemm.nnx.{type(self).__name__}: the mesh axes {idle} shard neither "
+                  f"the batch nor {self.axis!r}, so every replica along them computes the same "
+                  f"layer ({how})")
     return self._input_spec(batch)
 
   def __call__(self, x):
@@ -194,21 +149,15 @@ class _ParallelLinear(nnx.Module):
     x, kernel, bias = nnx_dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
     x_spec = self._x_spec(x.ndim, mesh)
     w_spec = P(*self._kernel_sharding(self.axis))
-    # The rule table of collective_matmul confirms the layer's layout and gives out's spec.
-    p = partitioning.plan(x_spec, w_spec, None, x_ndim=x.ndim, w_ndim=2, axis=self.axis)
+    p = rules.plan(x_spec, w_spec, None, x_ndim=x.ndim, w_ndim=2, axis=self.axis)
     if p.schedule != self.schedule:
       raise AssertionError(f"layout {x_spec}, {w_spec} planned as {p.schedule}: {p.reason}")
-    b_spec = P(*self._bias_sharding(self.axis)) if bias is not None else None
-    f = _sharded_linear(mesh, _per_shard_op(self.implementation), self.schedule, self.axis,
-                        x_spec, w_spec, b_spec, p.out_spec, jnp.dtype(x.dtype))
-    if partitioning.all_explicit(mesh):
-      # NOTE: shard_map refuses an input whose Explicit sharding differs from in_specs (under
-      # Auto axes XLA reshards it), so the layer lays out its operands itself, as a matmul
-      # would; a no-op when they already have the layout.
-      x, kernel = (partitioning.reshard(x, x_spec, mesh),
-                   partitioning.reshard(kernel, w_spec, mesh))
-      bias = None if bias is None else partitioning.reshard(bias, b_spec, mesh)
-    return f(x, kernel, bias)
+    y = jax_distgemm.collective_matmul(
+        x, kernel, mesh=mesh, axis=self.axis, in_specs=(x_spec, w_spec),
+        out_sharding=NamedSharding(mesh, p.out_spec) if isinstance(mesh, jax.sharding.Mesh)
+        else p.out_spec,
+        out_dtype=x.dtype, implementation=self.implementation)
+    return y if bias is None else y + bias.astype(y.dtype)
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -240,6 +189,7 @@ class ColumnParallelLinear(_ParallelLinear):
   """
 
   schedule = Schedule.AllGather1D_TilingCD_RotatingA
+  _sharded_features = "out_features"
   _kernel_sharding = staticmethod(lambda axis: (None, axis))
   _bias_sharding = staticmethod(lambda axis: (axis,))
 
@@ -257,6 +207,7 @@ class RowParallelLinear(_ParallelLinear):
   """
 
   schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
+  _sharded_features = "in_features"
   _kernel_sharding = staticmethod(lambda axis: (axis, None))
   _bias_sharding = staticmethod(lambda axis: (None,))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import mesh as mesh_lib
 
 from jax_distgemm._src.schedules import Schedule, output_shape
 
@@ -44,6 +45,17 @@ def manual_axes() -> tuple[str, ...]:
   mesh = jax.sharding.get_abstract_mesh()
   return tuple(a for a, t in zip(mesh.axis_names, mesh.axis_types)
                if t == jax.sharding.AxisType.Manual)
+
+
+def context_mesh():
+  """jax.set_mesh's mesh (concrete if there is one, else abstract), or None."""
+  mesh = mesh_lib.get_concrete_mesh()
+  if mesh is not None and not getattr(mesh, "empty", True):
+    return mesh
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is not None and not mesh.empty:
+    return mesh
+  return None
 
 
 def strip_autodiff(a):
