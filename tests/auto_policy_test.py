@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
 from jax_distgemm import bench  # noqa: E402
-from jax_distgemm._src import api, config, cuda_rules  # noqa: E402
+from jax_distgemm._src import config, cuda_rules, implementation  # noqa: E402
 
 AG_A = Schedule.AllGather1D_TilingCD_RotatingA
 RS_A = Schedule.ReduceScatter1D_TilingA_RotatingC
@@ -86,8 +86,8 @@ class XlaFasterReasonTest(parameterized.TestCase):
 
   def test_cpu_never_asks(self):
     x, w = _local(AG_A, 64, 8192, 8192)
-    self.assertIsNone(api.xla_faster_reason("cpu", x, w, AG_A, TP))
-    self.assertIsNotNone(api.xla_faster_reason("cuda", x, w, AG_A, TP))
+    self.assertIsNone(implementation.xla_faster_reason("cpu", x, w, AG_A, TP))
+    self.assertIsNotNone(implementation.xla_faster_reason("cuda", x, w, AG_A, TP))
 
 
 class AutoResolutionTest(parameterized.TestCase):
@@ -97,9 +97,9 @@ class AutoResolutionTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     self.mesh = tu.mesh_1d(TP)
-    patches = [mock.patch.object(api, "_current_platform", return_value="cuda"),
-               mock.patch.object(api, "ffi_unsupported_reason", return_value=None),
-               mock.patch.object(config, "_warned", set())]
+    patches = [mock.patch.object(implementation, "platform", return_value="cuda"),
+               mock.patch.object(implementation, "ffi_unsupported_reason", return_value=None),
+               mock.patch.object(config, "_given", set())]
     for p in patches:
       p.start()
       self.addCleanup(p.stop)

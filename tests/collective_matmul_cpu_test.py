@@ -35,8 +35,7 @@ def setUpModule():
   assert jax.default_backend() == "cpu", jax.default_backend()
 
 
-class FfiCpuTest(base.CollectiveMatmulTestBase):
-  IMPLEMENTATION = "ffi"
+class FfiCpuTest(base.cases("ffi")):
 
   @parameterized.product(schedule=base.SCHEDULES, tp=HLO_TPS)
   def test_lowers_to_one_custom_call_and_no_collective(self, schedule, tp):
@@ -57,14 +56,14 @@ class FfiCpuTest(base.CollectiveMatmulTestBase):
     xd = jax.device_put(x, NamedSharding(mesh, P("data", "tp", None)))
     wd = jax.device_put(w, NamedSharding(mesh, P(None, "tp")))
     for impl, custom_calls in ((None, 0), ("ffi", 1)):
-      config._warned.clear()  # each implementation's warning is asserted below
+      config._given.clear()  # each implementation's warning is asserted below
       body = lambda a, b, impl=impl: jax_distgemm.all_gather_matmul(a, b, axis_name="tp",
                                                                      implementation=impl)
       fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp", None), P(None, "tp")),
                                  out_specs=P(None, None, "tp"), axis_names={"tp"}))
-      with self.assertLogs("jax_distgemm", "WARNING") as logs:
+      with self.assertWarns(UserWarning) as caught:
         hlo = fn.lower(xd, wd).compile().as_text()
-      self.assertIn("leaves mesh axes ('data',) to the partitioner", logs.output[0])
+      self.assertIn("leaves mesh axes ('data',) to the partitioner", str(caught.warning))
       self.assertEqual(test_util.collectives_in_hlo(hlo)["jax_distgemm"], custom_calls, impl)
       out = fn(xd, wd)
       self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-5)
@@ -107,31 +106,28 @@ class FfiCpuCallSitesTest(parameterized.TestCase):
                         f"trial {trial}, call {i}")
 
 
-class FfiCpuRsRingTest(base.CollectiveMatmulTestBase):
+class FfiCpuRsRingTest(base.cases("ffi", schedules=base.RS_SCHEDULES)):
   """The CPU executor with JAX_DISTGEMM_RS_PATH=remote_c: ReduceScatter as the running-sum ring
   (the CUDA RotatingC kernels' schedule) everywhere.  NOTE: at the shared cases' shape the
   automatic path gathers operands wherever it may (unbatched TilingA at every TP), so without
   this class the ring would run only in the batched cases."""
-  IMPLEMENTATION = "ffi"
 
   def setUp(self):
     super().setUp()
     self.enter_context(mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "remote_c"}))
 
 
-class FfiCpuRsGatherTest(base.CollectiveMatmulTestBase):
+class FfiCpuRsGatherTest(base.cases("ffi", schedules=(base.RS_A,))):
   """The CPU executor with JAX_DISTGEMM_RS_PATH=gather: ReduceScatter TilingA by gathering
   operands (one batch), the automatic path elsewhere; every shared case must still hold.
   (tests/timeout_test.py shows the gather path is the one that runs.)"""
-  IMPLEMENTATION = "ffi"
 
   def setUp(self):
     super().setUp()
     self.enter_context(mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "gather"}))
 
 
-class XlaCpuTest(base.CollectiveMatmulTestBase):
-  IMPLEMENTATION = "xla"
+class XlaCpuTest(base.cases("xla", tier="ring")):
 
   def test_alpha_applies_to_the_sum(self):
     # The ring scaled each partial by alpha before summing: inf / -inf here (found in a review).
@@ -162,8 +158,7 @@ def alpha_after_the_sum(implementation):
                                err_msg=schedule.name)
 
 
-class ReferenceCpuTest(base.CollectiveMatmulTestBase):
-  IMPLEMENTATION = "reference"
+class ReferenceCpuTest(base.cases("reference", tier="spec")):
 
   def test_alpha_applies_to_the_sum(self):
     alpha_after_the_sum(self.IMPLEMENTATION)

@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -100,14 +102,21 @@ class ExportTest(absltest.TestCase):
                                                               implementation=i),
           mesh=exported_on, in_specs=(xs, ws), out_specs=os_))
       args = tu.place(exported_on, (xs, ws, os_), x, w)[0]
-      jd._src.config._warned.clear()
-      with self.assertLogs("jax_distgemm", "WARNING") as logs:
+      jd._src.config._given.clear()
+      with (warnings.catch_warnings(record=True) as caught,
+            mock.patch.object(jd._src.config._log, "log") as log):
+        warnings.simplefilter("always")
         exp = export.export(
             f, disabled_checks=[export.DisabledSafetyCheck.custom_call(TARGET_NAME)])(*args)
       fused = f"@{TARGET_NAME}(" in exp.mlir_module()
       with self.subTest(implementation=implementation):
         self.assertEqual(fused, implementation == "ffi")
-        self.assertIn("global device ids of the mesh it was exported on", "".join(logs.output))
+        said = [str(c.message) for c in caught] + [str(a) for a in log.call_args_list]
+        self.assertIn("global device ids of the mesh it was exported on", "".join(said))
+        # 'ffi' warns at the caller's line; None, the recommended way, only logs at INFO.
+        self.assertEqual(len(caught), 1 if fused else 0, said)
+        if fused:
+          self.assertEqual(caught[0].filename, __file__)
         if not fused:
           exp = export.deserialize(exp.serialize())
           sh = exp.in_shardings_jax(called_on)

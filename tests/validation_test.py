@@ -30,7 +30,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_distgemm as jd  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
-from jax_distgemm._src import api, config, cuda_rules, multiprocess, primitives  # noqa: E402
+from jax_distgemm._src import config, cuda_rules, implementation  # noqa: E402
+from jax_distgemm._src import multiprocess, primitives  # noqa: E402
 from jax_distgemm._src import validation  # noqa: E402
 
 AG_A = Schedule.AllGather1D_TilingCD_RotatingA
@@ -293,11 +294,12 @@ class ValidationTest(absltest.TestCase):
             with self.assertRaisesMsg(validation.GroupUnreachableError, "spans hosts (test)"):
               f(*args)
             continue
-          with (mock.patch.object(config, "_warned", set()),
-                self.assertLogs("jax_distgemm", "WARNING") as logs):
+          with (mock.patch.object(config, "_given", set()),
+                self.assertWarns(UserWarning) as caught):
             hlo = f.lower(*args).compile().as_text()
-          self.assertIn("implementation=None runs the XLA ring here, not the fused FFI call: "
-                        "axis_name: the TP group spans hosts (test)", logs.output[0])
+          self.assertIn("implementation=None runs the XLA ring here, not the fused call: "
+                        "axis_name: the TP group spans hosts (test)", str(caught.warning))
+          self.assertEqual(caught.filename, __file__)  # the caller's line, not the library's
           self.assertNotIn("jax_distgemm_v1", hlo)
           want = tu.reference_np(xg, wg, cg, alpha=0.5, beta=2.0)
           self.assertLess(tu.rel_err(f(*args), want), 1e-5, schedule)
@@ -440,11 +442,11 @@ class ValidationTest(absltest.TestCase):
 
   def test_ffi_on_unsupported_platform(self):
     x, w = _sds((4, 8), jnp.float32), _sds((8, 4), jnp.float32)
-    self.assertEqual(api.ffi_unsupported_reason("tpu", x, w, jnp.float32, AG_A, TP),
+    self.assertEqual(implementation.ffi_unsupported_reason("tpu", x, w, jnp.float32, AG_A, TP),
                      "no FFI executor for platform 'tpu'")
-    self.assertIsNone(api.ffi_unsupported_reason("cpu", x, w, jnp.float32, AG_A, TP))
+    self.assertIsNone(implementation.ffi_unsupported_reason("cpu", x, w, jnp.float32, AG_A, TP))
     # Through the public API: an explicit 'ffi' raises, None falls back to the XLA ring.
-    with mock.patch.object(api, "_current_platform", return_value="tpu"):
+    with mock.patch.object(implementation, "platform", return_value="tpu"):
       with self.assertRaisesMsg(NotImplementedError, "jax_distgemm implementation='ffi': no FFI "
                                 "executor for platform 'tpu'"):
         trace(dm(AG_A, implementation="ffi"), AG_A, (16, 8), (8, 16))
@@ -477,7 +479,7 @@ class ValidationTest(absltest.TestCase):
 
   def test_ffi_cuda_not_built(self):
     x, w = _sds((4, 8), jnp.bfloat16), _sds((8, 16), jnp.bfloat16)
-    reason = api.ffi_unsupported_reason("cuda", x, w, jnp.bfloat16, AG_A, TP)
+    reason = implementation.ffi_unsupported_reason("cuda", x, w, jnp.bfloat16, AG_A, TP)
     if jax_distgemm_has_cuda():  # a CUDA build: this aligned bf16 case is runnable
       self.assertIsNone(reason)
     else:
@@ -577,7 +579,7 @@ class CudaImportTest(absltest.TestCase):
 
   def test_cuda_import_error_says_why(self):
     # Not "partially initialized module ... (most likely due to a circular import)": the
-    # reason api.ffi_unsupported_reason appends.
+    # reason implementation.ffi_unsupported_reason appends.
     from jax_distgemm import ffi as ffi_modules  # noqa: PLC0415
     if not ffi_modules.has_cuda():
       msg = str(ffi_modules.cuda_import_error)
