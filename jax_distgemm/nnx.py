@@ -28,9 +28,9 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import jax_distgemm
 from jax_distgemm._src import config
 from jax_distgemm._src import sharding_rules as rules
+from jax_distgemm._src.collective import collective_matmul
 from jax_distgemm._src.schedules import Schedule
 
 default_kernel_init = nnx.initializers.lecun_normal()
@@ -152,7 +152,7 @@ class _ParallelLinear(nnx.Module):
     p = rules.plan(x_spec, w_spec, None, x_ndim=x.ndim, w_ndim=2, axis=self.axis)
     if p.schedule != self.schedule:
       raise AssertionError(f"layout {x_spec}, {w_spec} planned as {p.schedule}: {p.reason}")
-    y = jax_distgemm.collective_matmul(
+    y = collective_matmul(
         x, kernel, mesh=mesh, axis=self.axis, in_specs=(x_spec, w_spec),
         out_sharding=NamedSharding(mesh, p.out_spec) if isinstance(mesh, jax.sharding.Mesh)
         else p.out_spec,

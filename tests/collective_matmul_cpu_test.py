@@ -130,7 +130,7 @@ class FfiCpuRsGatherTest(base.cases("ffi", schedules=(base.RS_A,))):
 class XlaCpuTest(base.cases("xla", tier="ring")):
 
   def test_alpha_applies_to_the_sum(self):
-    # The ring scaled each partial by alpha before summing: inf / -inf here (found in a review).
+    # The ring scaled each partial by alpha before summing: inf / -inf here.
     # NOTE: "ffi" scales each partial in its GEMM's epilogue (CUTLASS's alpha * acc + C, C the
     # running sum), so there alpha * a partial must itself be finite (docs/design.md).
     alpha_after_the_sum(self.IMPLEMENTATION)

@@ -86,9 +86,9 @@ class ExportTest(absltest.TestCase):
 
   def test_export_on_another_device_assignment(self):
     # The fused call names its TP groups by global device ids; an artifact called with the same
-    # devices in other mesh positions paired the wrong shards (found in a review: relative
-    # error 1.36).  None now exports the XLA ring, right under any assignment; "ffi" keeps the
-    # fused call and warns that the artifact is pinned to the export's device ids.
+    # devices in other mesh positions would pair the wrong shards.  None exports the XLA ring,
+    # right under any assignment; "ffi" keeps the fused call and warns that the artifact is
+    # pinned to the export's device ids.
     devices = np.array(tu.cpu_devices(4)).reshape(2, 2)
     exported_on = jax.sharding.Mesh(devices, ("data", "tp"))
     called_on = jax.sharding.Mesh(devices.T.copy(), ("data", "tp"))

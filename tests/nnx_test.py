@@ -393,7 +393,7 @@ class BatchAxesTest(parameterized.TestCase):
   def test_tabulate_then_call(self):
     # nnx.tabulate wrapped the layers' public staticmethods (kernel_sharding), which then got
     # self too: a TypeError, and flax, restoring methods only on success, left the classes
-    # broken for the process (found in a review).
+    # broken for the process.
     x = jax.device_put(random_x(0, (B, S, D_IN)),
                        NamedSharding(self.mesh, P(("data", "fsdp"), "tp", None)))
     with jax.set_mesh(self.mesh):

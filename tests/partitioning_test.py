@@ -299,7 +299,7 @@ class ExplicitPathTest(parameterized.TestCase):
   def test_jit_without_set_mesh_takes_out_shardings_concrete_mesh(self, implementation):
     # Under jit the operands' mesh is abstract; it won over out_sharding's concrete mesh, so
     # 'ffi' failed at lowering ("must be lowered inside jax.shard_map over a concrete Mesh")
-    # and None ran the XLA ring (found in a review).
+    # and None ran the XLA ring.
     mesh = mesh_2x4(axis_types=(AxisType.Explicit,) * 2)
     x_spec, w_spec, out_spec = layout(AG_A, data=True)
     (x, w), (xd, wd) = put(mesh, x_spec, w_spec)

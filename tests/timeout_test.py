@@ -241,8 +241,8 @@ class XlaCpuPoolTest(absltest.TestCase):
     # 16 calls (docs/design.md, "CPU executor"); the asynchronous handler never waits on an
     # XLA thread.
     # NOTE: the control first: the same program with the pure-XLA ring instead of our custom
-    # call.  At jax 0.11.2 XLA:CPU deadlocks it on its own on a 2-core host (3 of 3 runs,
-    # 2026-11-30; it passes at 0.12.0.1), and then the probe cannot tell anything about ours.
+    # call.  At jax 0.11.2 XLA:CPU deadlocks it on its own on a 2-core host (it passes at
+    # 0.12.0.1), and then the probe cannot tell anything about ours.
     control = self._probe("xla")
     if control.returncode != 0:
       tail = [ln for ln in control.stderr.splitlines() if "Termination timeout" in ln][:1]

@@ -528,7 +528,7 @@ class ValidationTest(absltest.TestCase):
 
   def test_stage_extents_fit_32_bits(self):
     # CUTLASS's problem shape holds int extents: a stage of 2^31 rows was admitted and wrapped
-    # to -2^31 in the kernel launch (found in a review).
+    # to -2^31 in the kernel launch.
     bf16 = jnp.bfloat16
     self.assertEqual(
         cuda_rules.unsupported_reason(_sds((2**31, 8), bf16), _sds((8, 8), bf16), bf16, AG_B,
@@ -542,7 +542,7 @@ class ValidationTest(absltest.TestCase):
 
   def test_gpus_other_than_hopper(self):
     # The kernels are sm_90a: an A100 (8.0) or B200 (10.0) failed at the first call ("no
-    # kernel image") where None should have run XLA's path (found in a review).
+    # kernel image") where None should have run XLA's path.
     bf16 = jnp.bfloat16
     x, w = _sds((4, 64), bf16), _sds((64, 32), bf16)
     fake = lambda cc: [mock.Mock(compute_capability=cc)]
