@@ -7,7 +7,6 @@ and what they report matches what ran.
 """
 
 import importlib.util
-import json
 import math
 import os
 import re
@@ -22,7 +21,6 @@ from absl.testing import parameterized
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 EXAMPLE = os.path.join(REPO, "examples", "distributed_gemm.py")
 FLAX = os.path.join(REPO, "examples", "flax_tp_mlp.py")
-LAUNCHER = os.path.join(REPO, "examples", "launch_multiprocess.py")
 README = os.path.join(REPO, "README.md")
 SCHEDULES = (
     "AllGather1D_TilingCD_RotatingA",
@@ -191,47 +189,6 @@ class FlaxExampleCliTest(parameterized.TestCase):
     self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
     self.assertIn("max relative difference: nan", proc.stdout)
     self.assertIn("Disposition: Failed", proc.stdout)
-
-
-class LaunchMultiprocessCliTest(absltest.TestCase):
-  """examples/launch_multiprocess.py: --json is checked up front and holds the final verdict."""
-
-  def launch(self, *args):
-    env = {"PYTHONSAFEPATH": "1"}  # workers import the installed package, not the source tree
-    return run_example(["--timeout=90", "--checks=AllGather1D_TilingCD_RotatingA", *args],
-                       timeout=150, script=LAUNCHER, env_extra=env)
-
-  def test_bad_json_path_is_a_usage_error_before_the_run(self):
-    with tempfile.TemporaryDirectory() as d:
-      for path, why in ((os.path.join(d, "missing", "mp.json"), "does not exist"),
-                        (d, "is a directory")):
-        with self.subTest(path=path):
-          proc = self.launch("--timing-iterations=2", f"--json={path}")
-          self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
-          self.assertIn(f"--json: {path}", proc.stderr)
-          self.assertIn(why, proc.stderr)
-          self.assertNotIn("Traceback", proc.stderr)
-          self.assertNotIn("Launching", proc.stdout)  # nothing ran
-
-  def test_json_holds_the_final_verdict(self):
-    with tempfile.TemporaryDirectory() as d:
-      path = os.path.join(d, "mp.json")
-      # A fault that never fires (no shared-memory exchange without initialize_multiprocess:
-      # auto runs the ring) fails the run only after the checks: the JSON must say so.
-      proc = self.launch("--skip-initialize", "--implementation=auto", "--fault=1:0",
-                         "--timing-iterations=2", "--call-timeout-ms=2000", f"--json={path}")
-      self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-      self.assertIn("FAILED: --fault:", proc.stdout)
-      self.assertIn("Disposition: Failed", proc.stdout)
-      with open(path) as f:
-        self.assertIs(json.load(f)["ok"], False)
-      proc = self.launch("--timing-iterations=2", f"--json={path}")
-      self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-      self.assertIn("Disposition: Passed", proc.stdout)
-      with open(path) as f:
-        saved = json.load(f)
-      self.assertIs(saved["ok"], True)
-      self.assertLen(saved["times"], 2)  # one per process
 
 
 if __name__ == "__main__":

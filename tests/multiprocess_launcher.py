@@ -1,29 +1,31 @@
 #!/usr/bin/env python3
-"""Launches N processes on this host as one jax.distributed job and checks every schedule.
+"""Test harness: N processes on this host as one jax.distributed job, every schedule checked.
 
-Each process (a "worker", this file with --worker) initializes jax.distributed with the
-coordinator on 127.0.0.1:<free port>, calls jax_distgemm.initialize_multiprocess(), builds a
-mesh over the devices of ALL processes, and runs the four schedules plus a two-op MLP block
-(RotatingA then TilingA) with --implementation (default "ffi") on global arrays.  Every result
-is checked against implementation="reference" compiled in the same program and against a
-float64 numpy product; each worker prints one `JDG_RESULT {json}` line per check and iteration.
-The launcher prefixes each worker's output with [p<i>], kills the others when one fails or the
-time runs out, checks that the job left no shared-memory segment in /dev/shm (and removes any
-it finds), and prints "Disposition: Passed" or "Disposition: Failed" (exit code 1).
+examples/launch_multiprocess.py is the short program a user copies; this is what
+tests/multiprocess_test.py and tools/gpu_check.sh run.  Each process (a "worker", this file with
+--worker) initializes jax.distributed with the coordinator on 127.0.0.1:<free port>, calls
+jax_distgemm.initialize_multiprocess(), builds a mesh over the devices of ALL processes, and
+runs the four schedules plus a two-op MLP block (RotatingA then TilingA) with --implementation
+(default "ffi") on global arrays.  Every result is checked against implementation="reference"
+compiled in the same program and against a float64 numpy product; each worker prints one
+`JDG_RESULT {json}` line per check and iteration.  The launcher prefixes each worker's output
+with [p<i>], kills the others when one fails or the time runs out, checks that the job left no
+shared-memory segment in /dev/shm (and removes any it finds), and prints "Disposition: Passed"
+or "Disposition: Failed" (exit code 1).
 
 --timing-only skips the checks: operands are drawn on the devices (jax.random, no host copy of
 the seed shape's 3.5 GB weight), and each check is timed as the benchmark does: after warm-up,
 the median over --timing-repeats of --timing-iterations back-to-back calls and one block
 (JDG_TIME lines; --json writes them with the run's settings).
 
-  python examples/launch_multiprocess.py                         # 2 processes x 1 CPU device
-  python examples/launch_multiprocess.py -n 2 --devices-per-process 2       # TP=4 over both
-  python examples/launch_multiprocess.py -n 2 --devices-per-process 2 --tp 2   # 2 TP groups,
+  python tests/multiprocess_launcher.py                          # 2 processes x 1 CPU device
+  python tests/multiprocess_launcher.py -n 2 --devices-per-process 2        # TP=4 over both
+  python tests/multiprocess_launcher.py -n 2 --devices-per-process 2 --tp 2    # 2 TP groups,
                                                                  # each spanning both processes
-  python examples/launch_multiprocess.py --platform gpu -n 2     # one GPU per process
-  python examples/launch_multiprocess.py --platform gpu -n 2 --timing-only \
+  python tests/multiprocess_launcher.py --platform gpu -n 2      # one GPU per process
+  python tests/multiprocess_launcher.py --platform gpu -n 2 --timing-only \
       --m 16384 --k 16384 --n 106496 --checks AllGather1D_TilingCD_RotatingA   # seed shape
-  python examples/launch_multiprocess.py --platform gpu -n 1 --devices-per-process 2 \
+  python tests/multiprocess_launcher.py --platform gpu -n 1 --devices-per-process 2 \
       --timing-only ...                                          # the same in one process
 
 Platforms: cpu (JAX_PLATFORMS=cpu, --devices-per-process fake CPU devices per process) or gpu
@@ -32,17 +34,16 @@ Platforms: cpu (JAX_PLATFORMS=cpu, --devices-per-process fake CPU devices per pr
 (dp, tp) over the devices ordered (local index, process), so consecutive TP ranks sit in
 different processes; a leading batch dim of size dp is sharded over dp.
 
-Test hooks (tests/multiprocess_test.py): --fault P:I[:PHASE] makes the CPU handler on the I-th
-local device of process P skip its peers (from barrier PHASE on; -1: the whole call) in one call
-of the first check, after the healthy ones: its peers must time out with DEADLINE_EXCEEDED and
-the call after it must be correct again (JDG_FAULT lines; the run fails otherwise, also when the
-fault never fired).  --no-exit-cleanup ends the workers with os._exit (no atexit: like a crash),
-leaving their segments behind.
---skip-initialize leaves out jax_distgemm.initialize_multiprocess(): the FFI path must then be
-refused with a message that says what to call, and --implementation=auto (None) must run the
-XLA ring instead, with a warning.  --checks ...@repeat12 (REPEATED, not in the default set):
-12 calls of one shard_map'd op in one program, which share a call_id, must each meet the same
-call in the other processes.
+Test hooks: --fault P:I[:PHASE] makes the CPU handler on the I-th local device of process P
+skip its peers (from barrier PHASE on; -1: the whole call) in one call of the first check, after
+the healthy ones: its peers must time out with DEADLINE_EXCEEDED and the call after it must be
+correct again (JDG_FAULT lines; the run fails otherwise, also when the fault never fired).
+--no-exit-cleanup ends the workers with os._exit (no atexit: like a crash), leaving their
+segments behind.  --skip-initialize leaves out jax_distgemm.initialize_multiprocess(): the FFI
+path must then be refused with a message that says what to call, and --implementation=auto
+(None) must run the XLA ring instead, with a warning.  --checks ...@repeat12 (REPEATED, not in
+the default set): 12 calls of one shard_map'd op in one program, which share a call_id, must
+each meet the same call in the other processes.
 """
 
 from __future__ import annotations
@@ -406,7 +407,7 @@ def worker(args) -> int:
     fused = hlo.count('custom_call_target="jax_distgemm_v1"')
     for it in range(args.iterations):
       out = fn(*arrays)
-      jax.block_until_ready(out)  # one call in flight at a time (XLA:CPU, see the README)
+      jax.block_until_ready(out)  # one call in flight at a time (XLA:CPU)
       err_ref, err_np = local_errors(out, ref_out, ref64)
       passed = bool(err_ref <= tol and err_np <= tol)
       ok &= passed
