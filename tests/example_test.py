@@ -1,9 +1,9 @@
 """examples/distributed_gemm.py runs on fake CPU devices, checks itself and reports its timing.
 
 Each case runs the example in a subprocess (JAX_PLATFORMS=cpu: the example must pick fake CPU
-devices by itself) and parses what it prints.  The command lines of the other examples
-(flax_tp_mlp.py, launch_multiprocess.py) are checked the same way: bad flags are usage errors,
-and what they report matches what ran.
+devices by itself) and parses what it prints.  flax_tp_mlp.py's command line is checked the same
+way, and launch_multiprocess.py runs a real 2-process job whose own check must catch a wrong
+result.
 """
 
 import importlib.util
@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from absl.testing import parameterized
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 EXAMPLE = os.path.join(REPO, "examples", "distributed_gemm.py")
 FLAX = os.path.join(REPO, "examples", "flax_tp_mlp.py")
+LAUNCH = os.path.join(REPO, "examples", "launch_multiprocess.py")
 README = os.path.join(REPO, "README.md")
 SCHEDULES = (
     "AllGather1D_TilingCD_RotatingA",
@@ -189,6 +191,51 @@ class FlaxExampleCliTest(parameterized.TestCase):
     self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
     self.assertIn("max relative difference: nan", proc.stdout)
     self.assertIn("Disposition: Failed", proc.stdout)
+
+
+class LaunchMultiprocessExampleTest(parameterized.TestCase):
+  """examples/launch_multiprocess.py: one TP group over 2 processes, checked by each process."""
+
+  def launch(self, *args, env_extra=None):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("JAX_DISTGEMM_") and k != "XLA_FLAGS"}
+    env["PYTHONSAFEPATH"] = "1"  # the workers import the installed package, not the source tree
+    env.update(env_extra or {})
+    # A session of its own: a hung job is killed with its workers, not only the launcher.
+    proc = subprocess.Popen([sys.executable, LAUNCH, *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+      out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      out, err = proc.communicate()
+      self.fail(f"the job hung (killed after 240 s):\n{out}\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+  @parameterized.parameters("auto", "ffi")
+  def test_two_processes_match_the_reference(self, implementation):
+    rc, out, err = self.launch(f"--implementation={implementation}")
+    self.assertEqual(rc, 0, out + err[-3000:])
+    for pid in range(2):
+      self.assertRegex(out, rf"process {pid} of 2: all_gather_matmul, TP=4, implementation="
+                       rf"{implementation}: max relative error \S+ OK")
+
+  def test_a_wrong_result_fails_the_job(self):
+    # Process 1's all_gather_matmul is off by one (a sitecustomize patches it in that worker
+    # only): the example's own check must say so and the job must exit non-zero.
+    site = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, site)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+      f.write("import os\n"
+              "if os.environ.get('JDG_PROCESS_ID') == '1':\n"
+              "  import jax_distgemm\n"
+              "  _op = jax_distgemm.all_gather_matmul\n"
+              "  jax_distgemm.all_gather_matmul = lambda *a, **k: _op(*a, **k) + 1\n")
+    rc, out, err = self.launch(env_extra={"PYTHONPATH": site})
+    self.assertEqual(rc, 1, out + err[-3000:])
+    self.assertRegex(out, r"process 1 of 2: .* WRONG")
+    self.assertRegex(out, r"process 0 of 2: .* OK")
 
 
 if __name__ == "__main__":
