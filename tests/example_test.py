@@ -18,6 +18,7 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 EXAMPLE = os.path.join(REPO, "examples", "distributed_gemm.py")
@@ -32,6 +33,9 @@ SCHEDULES = (
 )
 SMALL = ["--m=64", "--n=96", "--k=32", "--iterations=5", "--warmup-iterations=1"]
 NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
+
+# The examples run as child processes: the slow tier (`-m "not slow"` leaves them out).
+pytestmark = pytest.mark.slow
 
 
 def run_example(args, timeout=300, script=EXAMPLE, env_extra=None, python_args=()):

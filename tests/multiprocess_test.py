@@ -28,6 +28,7 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 import jax_distgemm as jd
 from jax_distgemm.ffi import _distgemm_cpu
@@ -46,6 +47,9 @@ SEGMENT_GRANULE = 4096 + (64 << 10)  # header + the first data step of a segment
 LAUNCH_TIMEOUT_S = 90   # the launcher's own bound on its workers
 TEST_TIMEOUT_S = 120    # this test's bound on the launcher
 LINE = re.compile(r"^\[p(\d+)\] (JDG_[A-Z]+) (\{.*\})$")
+
+# Multi-process jobs: the slow tier (`-m "not slow"` leaves the module out).
+pytestmark = pytest.mark.slow
 
 
 def launch(*args: str, env_extra: dict[str, str] | None = None):
