@@ -302,7 +302,7 @@ class MultiprocessTest(parameterized.TestCase):
                               "--skip-initialize", "--implementation=auto")
     self.assertEqual(rc, 0, out[-4000:])
     self.assertIn("Disposition: Passed", out)
-    self.assertIn("implementation=None runs the XLA ring here, not the fused FFI call: "
+    self.assertIn("implementation=None runs the XLA ring here, not the fused call: "
                   "axis_name: the TP group", out)
     results = records.get("JDG_RESULT", [])
     self.assertCountEqual({(r["check"], r["process"]) for r in results},
