@@ -1,28 +1,29 @@
 """examples/distributed_gemm.py runs on fake CPU devices, checks itself and reports its timing.
 
 Each case runs the example in a subprocess (JAX_PLATFORMS=cpu: the example must pick fake CPU
-devices by itself) and parses what it prints.  The command lines of the other examples
-(flax_tp_mlp.py, launch_multiprocess.py) are checked the same way: bad flags are usage errors,
-and what they report matches what ran.
+devices by itself) and parses what it prints.  flax_tp_mlp.py's command line is checked the same
+way, and launch_multiprocess.py runs a real 2-process job whose own check must catch a wrong
+result.
 """
 
 import importlib.util
-import json
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 EXAMPLE = os.path.join(REPO, "examples", "distributed_gemm.py")
 FLAX = os.path.join(REPO, "examples", "flax_tp_mlp.py")
-LAUNCHER = os.path.join(REPO, "examples", "launch_multiprocess.py")
+LAUNCH = os.path.join(REPO, "examples", "launch_multiprocess.py")
 README = os.path.join(REPO, "README.md")
 SCHEDULES = (
     "AllGather1D_TilingCD_RotatingA",
@@ -32,6 +33,9 @@ SCHEDULES = (
 )
 SMALL = ["--m=64", "--n=96", "--k=32", "--iterations=5", "--warmup-iterations=1"]
 NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
+
+# The examples run as child processes: the slow tier (`-m "not slow"` leaves them out).
+pytestmark = pytest.mark.slow
 
 
 def run_example(args, timeout=300, script=EXAMPLE, env_extra=None, python_args=()):
@@ -193,45 +197,49 @@ class FlaxExampleCliTest(parameterized.TestCase):
     self.assertIn("Disposition: Failed", proc.stdout)
 
 
-class LaunchMultiprocessCliTest(absltest.TestCase):
-  """examples/launch_multiprocess.py: --json is checked up front and holds the final verdict."""
+class LaunchMultiprocessExampleTest(parameterized.TestCase):
+  """examples/launch_multiprocess.py: one TP group over 2 processes, checked by each process."""
 
-  def launch(self, *args):
-    env = {"PYTHONSAFEPATH": "1"}  # workers import the installed package, not the source tree
-    return run_example(["--timeout=90", "--checks=AllGather1D_TilingCD_RotatingA", *args],
-                       timeout=150, script=LAUNCHER, env_extra=env)
+  def launch(self, *args, env_extra=None):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("JAX_DISTGEMM_") and k != "XLA_FLAGS"}
+    env["PYTHONSAFEPATH"] = "1"  # the workers import the installed package, not the source tree
+    env.update(env_extra or {})
+    # A session of its own: a hung job is killed with its workers, not only the launcher.
+    proc = subprocess.Popen([sys.executable, LAUNCH, *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+      out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      out, err = proc.communicate()
+      self.fail(f"the job hung (killed after 240 s):\n{out}\n{err[-3000:]}")
+    return proc.returncode, out, err
 
-  def test_bad_json_path_is_a_usage_error_before_the_run(self):
-    with tempfile.TemporaryDirectory() as d:
-      for path, why in ((os.path.join(d, "missing", "mp.json"), "does not exist"),
-                        (d, "is a directory")):
-        with self.subTest(path=path):
-          proc = self.launch("--timing-iterations=2", f"--json={path}")
-          self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
-          self.assertIn(f"--json: {path}", proc.stderr)
-          self.assertIn(why, proc.stderr)
-          self.assertNotIn("Traceback", proc.stderr)
-          self.assertNotIn("Launching", proc.stdout)  # nothing ran
+  @parameterized.parameters("auto", "ffi")
+  def test_two_processes_match_the_reference(self, implementation):
+    rc, out, err = self.launch(f"--implementation={implementation}")
+    self.assertEqual(rc, 0, out + err[-3000:])
+    for pid in range(2):
+      self.assertRegex(out, rf"process {pid} of 2: all_gather_matmul, TP=4, implementation="
+                       rf"{implementation}: max relative error \S+ OK")
 
-  def test_json_holds_the_final_verdict(self):
-    with tempfile.TemporaryDirectory() as d:
-      path = os.path.join(d, "mp.json")
-      # A fault that never fires (no shared-memory exchange without initialize_multiprocess:
-      # auto runs the ring) fails the run only after the checks: the JSON must say so.
-      proc = self.launch("--skip-initialize", "--implementation=auto", "--fault=1:0",
-                         "--timing-iterations=2", "--call-timeout-ms=2000", f"--json={path}")
-      self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-      self.assertIn("FAILED: --fault:", proc.stdout)
-      self.assertIn("Disposition: Failed", proc.stdout)
-      with open(path) as f:
-        self.assertIs(json.load(f)["ok"], False)
-      proc = self.launch("--timing-iterations=2", f"--json={path}")
-      self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-      self.assertIn("Disposition: Passed", proc.stdout)
-      with open(path) as f:
-        saved = json.load(f)
-      self.assertIs(saved["ok"], True)
-      self.assertLen(saved["times"], 2)  # one per process
+  def test_a_wrong_result_fails_the_job(self):
+    # Process 1's all_gather_matmul is off by one (a sitecustomize patches it in that worker
+    # only): the example's own check must say so and the job must exit non-zero.
+    site = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, site)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+      f.write("import os\n"
+              "if os.environ.get('JDG_PROCESS_ID') == '1':\n"
+              "  import jax_distgemm\n"
+              "  _op = jax_distgemm.all_gather_matmul\n"
+              "  jax_distgemm.all_gather_matmul = lambda *a, **k: _op(*a, **k) + 1\n")
+    rc, out, err = self.launch(env_extra={"PYTHONPATH": site})
+    self.assertEqual(rc, 1, out + err[-3000:])
+    self.assertRegex(out, r"process 1 of 2: .* WRONG")
+    self.assertRegex(out, r"process 0 of 2: .* OK")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from jax import export
 
 import jax_distgemm as jd
@@ -47,6 +48,7 @@ for name in sys.argv[2:]:
 
 class ExportTest(absltest.TestCase):
 
+  @pytest.mark.slow  # a child Python runs the artifact
   def test_exported_ffi_call_runs_in_a_fresh_process(self):
     mesh = tu.mesh_1d(TP)
     expected = {}  # schedule name -> float64 reference

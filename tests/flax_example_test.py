@@ -13,11 +13,15 @@ import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 EXAMPLE = os.path.join(REPO, "examples", "flax_tp_mlp.py")
 FLOAT = r"([0-9]+\.[0-9]+)"
 BUDGET_S = 60.0
+
+# The example runs as a child process: the slow tier (`-m "not slow"` leaves it out).
+pytestmark = pytest.mark.slow
 
 
 def run_example(args=(), timeout=BUDGET_S * 2):

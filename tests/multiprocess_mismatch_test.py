@@ -18,6 +18,10 @@ import sys
 import textwrap
 
 from absl.testing import absltest
+import pytest
+
+# A job of two child processes: the slow tier (`-m "not slow"` leaves it out).
+pytestmark = pytest.mark.slow
 
 WORKER = textwrap.dedent('''
     import json, os, sys

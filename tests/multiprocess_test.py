@@ -1,4 +1,4 @@
-"""Multi-process CPU runs: TP groups spanning processes, through examples/launch_multiprocess.py.
+"""Multi-process CPU runs: TP groups spanning processes, through tests/multiprocess_launcher.py.
 
 Each case launches a jax.distributed job of several processes on this machine (coordinator on
 127.0.0.1, JAX_PLATFORMS=cpu), in which every process calls jax_distgemm.initialize_multiprocess()
@@ -17,7 +17,6 @@ at the same bound); this test kills the launcher after a larger one.  A job that
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -29,22 +28,28 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 import jax_distgemm as jd
 from jax_distgemm.ffi import _distgemm_cpu
 
+try:
+  from tests import multiprocess_launcher as _launcher
+except ImportError:
+  import multiprocess_launcher as _launcher
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-LAUNCHER = os.path.join(REPO, "examples", "launch_multiprocess.py")
+LAUNCHER = os.path.abspath(_launcher.__file__)
 # The check names the launcher understands (one source of truth: the launcher).
-_spec = importlib.util.spec_from_file_location("launch_multiprocess", LAUNCHER)
-_launcher = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_launcher)
 SCHEDULES, MLP, GROWN = _launcher.SCHEDULES, _launcher.MLP, _launcher.GROWN
 REPEATED = _launcher.REPEATED
 SEGMENT_GRANULE = 4096 + (64 << 10)  # header + the first data step of a segment
 LAUNCH_TIMEOUT_S = 90   # the launcher's own bound on its workers
 TEST_TIMEOUT_S = 120    # this test's bound on the launcher
 LINE = re.compile(r"^\[p(\d+)\] (JDG_[A-Z]+) (\{.*\})$")
+
+# Multi-process jobs: the slow tier (`-m "not slow"` leaves the module out).
+pytestmark = pytest.mark.slow
 
 
 def launch(*args: str, env_extra: dict[str, str] | None = None):
@@ -297,7 +302,7 @@ class MultiprocessTest(parameterized.TestCase):
                               "--skip-initialize", "--implementation=auto")
     self.assertEqual(rc, 0, out[-4000:])
     self.assertIn("Disposition: Passed", out)
-    self.assertIn("implementation=None runs the XLA ring here, not the fused FFI call: "
+    self.assertIn("implementation=None runs the XLA ring here, not the fused call: "
                   "axis_name: the TP group", out)
     results = records.get("JDG_RESULT", [])
     self.assertCountEqual({(r["check"], r["process"]) for r in results},
@@ -305,6 +310,46 @@ class MultiprocessTest(parameterized.TestCase):
     for r in results:
       self.assertTrue(r["ok"], r)
       self.assertEqual(r["fused_calls"], 0, r)  # the ring, not our custom call
+
+
+class LauncherJsonTest(absltest.TestCase):
+  """--json is checked up front and holds the final verdict (gpu_check.sh reads it)."""
+
+  def launch(self, *args):
+    return launch("--checks=AllGather1D_TilingCD_RotatingA", *args)
+
+  def test_bad_json_path_is_a_usage_error_before_the_run(self):
+    with tempfile.TemporaryDirectory() as d:
+      for path, why in ((os.path.join(d, "missing", "mp.json"), "does not exist"),
+                        (d, "is a directory")):
+        with self.subTest(path=path):
+          rc, out, _ = self.launch("--timing-iterations=2", f"--json={path}")
+          self.assertEqual(rc, 2, out)
+          self.assertIn(f"--json: {path}", out)
+          self.assertIn(why, out)
+          self.assertNotIn("Traceback", out)
+          self.assertNotIn("Launching", out)  # nothing ran
+
+  def test_json_holds_the_final_verdict(self):
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, "mp.json")
+      # A fault that never fires (no shared-memory exchange without initialize_multiprocess:
+      # auto runs the ring) fails the run only after the checks: the JSON must say so.
+      rc, out, _ = self.launch("--skip-initialize", "--implementation=auto", "--fault=1:0",
+                               "--timing-iterations=2", "--call-timeout-ms=2000",
+                               f"--json={path}")
+      self.assertEqual(rc, 1, out[-4000:])
+      self.assertIn("FAILED: --fault:", out)
+      self.assertIn("Disposition: Failed", out)
+      with open(path) as f:
+        self.assertIs(json.load(f)["ok"], False)
+      rc, out, _ = self.launch("--timing-iterations=2", f"--json={path}")
+      self.assertEqual(rc, 0, out[-4000:])
+      self.assertIn("Disposition: Passed", out)
+      with open(path) as f:
+        saved = json.load(f)
+      self.assertIs(saved["ok"], True)
+      self.assertLen(saved["times"], 2)  # one per process
 
 
 class LauncherFlagsTest(parameterized.TestCase):

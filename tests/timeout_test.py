@@ -27,6 +27,7 @@ except ImportError:
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
+import pytest  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -222,6 +223,7 @@ class TimeoutTest(parameterized.TestCase):
     self.assertIsNone(re.search(rf"after {TIMEOUT_MS} ms", msg))
 
 
+@pytest.mark.slow  # the probe runs in a child Python
 class XlaCpuPoolTest(absltest.TestCase):
   """Our calls next to XLA collectives in one wide program must not starve XLA:CPU's pool."""
 

@@ -173,7 +173,7 @@ fi
 if [[ "$MODE" == --mp-only || ( "$MODE" == all && "${SKIP_MP:-0}" != 1 ) ]]; then
   set +e
   # All four schedules, the MLP block and the grown workspace, checked against the reference.
-  $PY examples/launch_multiprocess.py --platform gpu -n 2 --timeout "${MP_TIMEOUT:-240}" \
+  $PY tests/multiprocess_launcher.py --platform gpu -n 2 --timeout "${MP_TIMEOUT:-240}" \
     > "$OUT/mp_check.log" 2>&1
   rc=$?
   log "multi-process check (2 processes x 1 GPU): exit $rc; $(grep -E '^Disposition' "$OUT/mp_check.log")"
@@ -185,10 +185,10 @@ if [[ "$MODE" == --mp-only || ( "$MODE" == all && "${SKIP_MP:-0}" != 1 ) ]]; the
           --timing-warmup 150
           --checks AllGather1D_TilingCD_RotatingA,AllGather1D_TilingCD_RotatingB,ReduceScatter1D_TilingA_RotatingC,ReduceScatter1D_TilingB_RotatingC
           --timeout "${MP_TIMEOUT:-240}")
-    $PY examples/launch_multiprocess.py --platform gpu -n 2 "${SEED[@]}" --json "$OUT/mp_seed_2proc.json" \
+    $PY tests/multiprocess_launcher.py --platform gpu -n 2 "${SEED[@]}" --json "$OUT/mp_seed_2proc.json" \
       > "$OUT/mp_seed_2proc.log" 2>&1
     rc1=$?
-    $PY examples/launch_multiprocess.py --platform gpu -n 1 --devices-per-process 2 "${SEED[@]}" \
+    $PY tests/multiprocess_launcher.py --platform gpu -n 1 --devices-per-process 2 "${SEED[@]}" \
       --json "$OUT/mp_seed_1proc.json" > "$OUT/mp_seed_1proc.log" 2>&1
     rc2=$?
     log "seed-shape timing: 2 processes exit $rc1, 1 process exit $rc2"
