@@ -227,8 +227,7 @@ class XlaCpuPoolTest(absltest.TestCase):
 
   def _probe(self, implementation):
     # XLA's bound is cut to 6 s so that a regression fails fast.
-    probe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                         "cpu_pool_probe.py")
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_pool_probe.py")
     flags = os.environ.get("XLA_FLAGS", "")
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"{flags} --xla_cpu_collective_call_terminate_timeout_seconds=6")

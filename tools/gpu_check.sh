@@ -3,7 +3,7 @@
 # (the verdict must repeat), the multi-process check (one process per GPU), then the benchmark
 # suite.  Logs and JSON land in $OUT (or ./gpu_out).
 #
-#   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only | --virtual-tp-only | --ncu-only]
+#   tools/gpu_check.sh [--tests-only | --mp-only | --bench-only | --virtual-tp-only]
 #                      [bench args...]                     (default bench: --suite --local-gemm)
 #
 # e.g. `tools/gpu_check.sh --bench-only --suite small --local-gemm` for the decode and
@@ -18,15 +18,6 @@
 # CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
 # as NOT RUN, with --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per
 # run (default 60 s); VTP_ARGS, more arguments for every run (e.g. "--group-per-case 1").
-#
-# --ncu-only: hardware counters (Nsight Compute), ours against XLA's dot on one GPU
-# (tools/ncu_stage.py): the stage GEMMs of NCU_CASES (default: the suite's stages below 0.97 of
-# XLA's dot in performance.md S2, and one above) and one device's whole share of NCU_SHARE_CASES
-# (the benchmark's ideal problem; "" for none); NCU_OURS_CONFIGS (JAX_DISTGEMM_GEMM_CONFIG
-# values) adds our kernel forced to each at the stages; XLA's pool is not preallocated, so ncu
-# saves and restores less memory per replayed pass.  $OUT/ncu_{stage,share}.{csv,log,tsv,json}:
-# ncu's CSV, the program's output, the summary and every metric per kernel, labelled.
-# Runs on the one-GPU kind.  NCU_TIMEOUT per ncu run (default 420 s).
 #
 # Env: GPU_TEST_RUNS (default 2), TEST_TIMEOUT / MP_TIMEOUT / BENCH_TIMEOUT (seconds),
 # GPU_TEST_ARGS (more test files/filters; default: the Flax layer tests through CUDA,
@@ -47,7 +38,7 @@ case "$OUT" in /*) ;; *) OUT=$CALLER_PWD/$OUT ;; esac  # the script changes dire
 mkdir -p "$OUT"
 MODE=all
 case "${1:-}" in
-  --tests-only|--mp-only|--bench-only|--virtual-tp-only|--ncu-only) MODE=$1; shift ;;
+  --tests-only|--mp-only|--bench-only|--virtual-tp-only) MODE=$1; shift ;;
   all|--all) shift ;;
 esac
 
@@ -215,47 +206,6 @@ PYEOF
     [[ $rc1 -ne 0 || $rc2 -ne 0 ]] && status=1
   fi
   set -e
-fi
-
-# -- Stage GEMM counters (ncu), one GPU ------------------------------------------------------------
-# ncu_run NAME PROBLEM "OURS_CONFIGS" CASES...: tools/ncu_stage.py under ncu; $OUT/ncu_NAME.csv
-# (ncu's), .log (the program's), .tsv (the summary) and .json (every metric per kernel).
-ncu_run() {
-  local name=$1 problem=$2 rc configs; read -r -a configs <<< "$3"; shift 3
-  set +e
-  # --clock-control none: leave the clocks alone (device README); replayed passes run on an
-  # idle GPU, so compare cycles and bytes, not times, with the benchmark.
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 10 "${NCU_TIMEOUT:-420}" "$NCU" \
-    --profile-from-start off --clock-control none --target-processes all \
-    --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.max,sm__inst_executed.sum \
-    --csv --page details --print-units base --log-file "$OUT/ncu_$name.csv" \
-    $PY "$ROOT/tools/ncu_stage.py" --problem "$problem" --cases "$@" \
-    --ours-configs ${configs[@]+"${configs[@]}"} > "$OUT/ncu_$name.log" 2>&1
-  rc=$?
-  # NOTE: a timed-out ncu can leave its target holding the GPU; the next run then finds none.
-  pkill -9 -f "ncu_stage.py --problem" && sleep 2
-  $PY "$ROOT/tools/ncu_stage.py" --summarize "$OUT/ncu_$name.csv" --log "$OUT/ncu_$name.log" \
-    --json "$OUT/ncu_$name.json" > "$OUT/ncu_$name.tsv" || rc=1
-  set -e
-  log "ncu $name ($problem): exit $rc; $(($(wc -l < "$OUT/ncu_$name.tsv") - 1)) kernels"
-  cat "$OUT/ncu_$name.tsv"
-  return $rc
-}
-if [[ "$MODE" == --ncu-only ]]; then
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
-  if [[ -z "$NCU" ]]; then
-    log "ncu: NOT FOUND"; status=1
-  else
-    read -r -a cases <<< "${NCU_CASES:-RS-TilA:8192,8192,28672 AG-RotA:8192,8192,28672 AG-RotA:4096,8192,8192 AG-RotA:2048,8192,8192 RS-TilA:4096,8192,8192}"
-    ncu_run stage stage "${NCU_OURS_CONFIGS:-}" "${cases[@]}" || status=1
-    # (set but empty: no share run)
-    read -r -a cases <<< "${NCU_SHARE_CASES-AG-RotA:8192,4096,4096 AG-RotA:2048,8192,8192}"
-    if [[ ${#cases[@]} -gt 0 ]]; then
-      ncu_run share share "" "${cases[@]}" || status=1
-    fi
-  fi
 fi
 
 # -- Benchmark -----------------------------------------------------------------------------------
