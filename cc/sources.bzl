@@ -47,7 +47,6 @@ CUDA_HOST_SRCS = [
     "cuda/gemm_registry.cc",
     "cuda/peer_ipc.cc",
     "cuda/peer_state.cc",
-    "cuda/stage_trace.cc",
 ]
 CUDA_KERNEL_SRCS = [
     "cuda/combine_kernels.cu",
@@ -81,7 +80,6 @@ CUDA_HDRS = [
     "cuda/sm90_gemm.cuh",
     "cuda/stage_sync.h",
     "cuda/stage_sync_device.cuh",
-    "cuda/stage_trace.h",
 ]
 CUDA_MODULE_SRCS = [
     "bindings/cuda_module.cc",

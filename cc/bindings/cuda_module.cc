@@ -1,7 +1,6 @@
 // Python module for the CUDA executor: the FFI registrations plus the host hooks the package
 // needs (device-id table, recovery, tuning report, test hooks).
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -11,7 +10,6 @@
 #include "cc/bindings/module_common.h"
 #include "cc/cuda/autotune.h"
 #include "cc/cuda/distgemm_cuda.h"
-#include "cc/cuda/stage_trace.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/tuple.h"
@@ -132,23 +130,6 @@ NB_MODULE(_distgemm_cuda, m) {
     cudaSetDevice(prev);
     return std::make_tuple(free_b, total_b);
   });
-  m.def(
-      "trace_records",
-      [](bool clear) {
-        // JAX_DISTGEMM_TRACE=1: (device, call, stage, chunk, start_ns, ready_ns, end_ns) of
-        // every stage GEMM so far (stage_trace.h).  Synchronizes the traced devices.
-        std::vector<jax_distgemm::cuda::TraceRecord> records;
-        if (std::string err = jax_distgemm::cuda::TraceDump(clear, &records); !err.empty()) {
-          throw std::runtime_error(err);
-        }
-        std::vector<std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t>> out;
-        out.reserve(records.size());
-        for (const auto& r : records) {
-          out.emplace_back(r.device, r.call, r.stage, r.chunk, r.start, r.ready, r.end);
-        }
-        return out;
-      },
-      nb::arg("clear") = false);
   m.def("set_sync_check", &jax_distgemm::cuda::SetSyncCheck,
         "Synchronize after every call so that a timed-out wait fails that same call.");
   m.def("set_fused_stages", &jax_distgemm::cuda::SetFuseStages,

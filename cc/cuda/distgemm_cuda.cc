@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <chrono>
 #include <exception>
 #include <optional>
 #include <string>
@@ -16,7 +15,6 @@
 #include "cc/common/shm_exchange.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
-#include "cc/cuda/stage_trace.h"
 
 namespace jax_distgemm::cuda {
 namespace {
@@ -148,17 +146,8 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                             int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
                             float alpha, float beta, int64_t call_id, int64_t timeout_ms) {
   try {
-    const auto now = [] {
-      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now().time_since_epoch()).count());
-    };
-    const bool traced = TraceEnabled();
-    const uint64_t begin = traced ? now() : 0;
-    ffi::Error result = DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out,
-                                         gathered, schedule, tp, groups, alpha, beta, call_id,
-                                         timeout_ms);
-    if (traced) TraceHostCall(device_ordinal, -1, begin, now());
-    return result;
+    return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, gathered, schedule,
+                            tp, groups, alpha, beta, call_id, timeout_ms);
   } catch (const std::exception& e) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
   }

@@ -47,7 +47,6 @@
 #include "cc/cuda/combine_kernels.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
-#include "cc/cuda/stage_trace.h"
 #include "cc/schedules/ring_1d.h"
 
 namespace jax_distgemm::cuda {
@@ -290,19 +289,10 @@ GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions&
   return g;
 }
 
-// Tunes (first use of a shape), traces (JAX_DISTGEMM_TRACE=1) and enqueues one stage GEMM.
-std::string Launch(GemmLaunch& g, cudaStream_t stream, uint32_t epoch, int stage, int chunk) {
+// Tunes (first use of a shape) and enqueues one stage GEMM.
+std::string Launch(GemmLaunch& g, cudaStream_t stream, int stage) {
   if (std::string err = ChooseConfig(g, stream); !err.empty()) return err;
   const CallTiming timing = BeginCall(g);
-  if (g.fused.count > 0) {  // one record per fused stage
-    const int per_stage = std::max(g.fused.chunks, 1);
-    for (int s = 0; s < g.fused.count; ++s) {
-      g.fused.trace[s] = TraceReserve(g.device, epoch, s / per_stage, chunk + s % per_stage);
-    }
-    if (g.fused.trace[g.fused.count - 1] == nullptr) g.fused.trace[0] = nullptr;
-  } else {
-    g.sync.trace = TraceReserve(g.device, epoch, stage, chunk);
-  }
   if (GemmWorkspaceBytes(g) > kCutlassWorkspaceBytes) {
     return "stage GEMM needs more CUTLASS workspace than reserved";
   }
@@ -461,7 +451,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
       f.shard_extent = extent;
     }
     g.sync.wait_epoch = epoch;
-    if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
+    if (std::string err = Launch(g, stream, 0); !err.empty()) return err;
   } else {
     for (int i = 0; i < tp; ++i) {
       const int tile = Sched::OutputTile(rank, i, tp);
@@ -488,7 +478,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
         // Every launch after the call's first writes its own rows or columns of out and reads
         // x, w and peers' slots only: it may run into the previous launch's tail.
         g.sync.overlap_previous = o.overlap_stages && (i > 0 || c > 0);
-        if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
+        if (std::string err = Launch(g, stream, i); !err.empty()) return err;
       }
     }
   }
@@ -672,7 +662,7 @@ std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
       cudaStreamWaitEvent(me.copy_stream, me.fork, 0) != cudaSuccess) {
     return CudaFailure("fork copy stream");
   }
-  if (std::string err = Launch(g, stream, epoch, 0, 0); !err.empty()) return err;
+  if (std::string err = Launch(g, stream, 0); !err.empty()) return err;
   for (int i = 0; i + 1 < tp && !o.skip_signals; ++i) {
     for (int c = 0; c < chunks; ++c) {
       cudaError_t e = StreamWaitValue32(me.copy_stream, me.flags + LocalDoneFlag(i, c), epoch);
@@ -729,7 +719,7 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
       // Chunk GEMMs read x, w and (after its flag) their receive slot, and write their own
       // send-slot or out rows: none reads what the launch before it writes.
       g.sync.overlap_previous = o.overlap_stages && (i > 0 || c > 0);
-      if (std::string err = Launch(g, stream, epoch, i, c); !err.empty()) return err;
+      if (std::string err = Launch(g, stream, i); !err.empty()) return err;
       if (k.send == nullptr || o.skip_signals) continue;  // the last stage writes out
       // Push this chunk while the next ones compute.  One event suffices: cudaStreamWaitEvent
       // waits for the event's most recent record at the time of the call.
@@ -812,7 +802,7 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
     if (!last && !o.skip_signals) f.done_flag[i] = RingFlags(next) + FlagIndex(i + 1, 0);
   }
   FinishRsBatches(g, pv, epoch);
-  return Launch(g, stream, epoch, 0, 0);
+  return Launch(g, stream, 0);
 }
 
 // ReduceScatter TilingA by gathering operands (kGather; the index math and its diagram are
@@ -918,7 +908,7 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
       if (i < tp - 1) f.done_flag[i] = me.flags + LocalDoneFlag(i, 0);
     }
     FinishRsBatches(grid, pv, epoch);
-    if (std::string err = Launch(grid, stream, epoch, 0, 0); !err.empty()) return err;
+    if (std::string err = Launch(grid, stream, 0); !err.empty()) return err;
   } else {
     for (int i = 0; i < tp; ++i) {
       GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
@@ -929,7 +919,7 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
         SetC(g.ops, GatherSum(me, p, epoch, i - 1), pv, 1.f);
         SetWait(g.sync, me.flags, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
       }
-      if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
+      if (std::string err = Launch(g, stream, i); !err.empty()) return err;
     }
   }
   // XLA may reuse x and w once we return: the pushes that read them must be done by then.
@@ -969,7 +959,7 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
         g.sync.signal_epoch = epoch;
       }
     }
-    if (std::string err = Launch(g, stream, epoch, i, 0); !err.empty()) return err;
+    if (std::string err = Launch(g, stream, i); !err.empty()) return err;
     if (path == kRsCopyAdd && i == 0) {
       // Send the finished partial while stage 1 computes: slot 0 -> right's recv slot 1.
       if (cudaEventRecord(me.stage_done, stream) != cudaSuccess ||

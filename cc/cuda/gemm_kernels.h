@@ -59,7 +59,7 @@ inline constexpr int kFusedBetaEntry = 4 * kMaxFusedStages;
 struct FusedStages {
   int count = 0;  // 0: an ordinary stage launch (GemmOperands' pointers)
   // Batches per schedule stage: batch s is stage s / chunks, chunk s % chunks (the fused copy
-  // ring, executor.cc; 1 elsewhere).  Names the stage in timeout errors and traces.
+  // ring, executor.cc; 1 elsewhere).  Names the stage in timeout errors.
   int chunks = 1;
   const void* a[kMaxFusedStages] = {};
   const void* b[kMaxFusedStages] = {};
@@ -82,10 +82,6 @@ struct FusedStages {
   const uint32_t* c_wait_flag[kMaxFusedStages] = {};
   uint32_t* done_flag[kMaxFusedStages] = {};
   uint32_t* counters = nullptr;  // nullptr: no completion tracking (done_flag unused)
-  // JAX_DISTGEMM_TRACE=1: stage s's record (stage_trace.h), else nullptr.  Fused stages stamp
-  // start = first CTA (producer warp) to reach stage s, ready = last CTA past its wait for
-  // stage s, end = last CTA to move on from stage s (for the last stage: to finish).
-  uint64_t* trace[kMaxFusedStages] = {};
   // AllGather: CTA 0 waits, before it exits, for *exit_wait_flag >= wait_epoch (this device's
   // copy engine has finished pushing the shard the grid's caller may reuse), so that the main
   // stream needs no event join on the copy stream (executor.cc); nullptr: no wait.

@@ -10,7 +10,6 @@
 #include "cc/cuda/combine_kernels.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
-#include "cc/cuda/stage_trace.h"
 
 namespace jax_distgemm::cuda {
 namespace {
@@ -81,7 +80,6 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
   if (std::string err = PrepareCombineKernels(); !err.empty()) return err;
-  if (std::string err = TraceInit(d.ordinal); !err.empty()) return err;  // JAX_DISTGEMM_TRACE=1
   JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   return "";
 }

@@ -70,7 +70,6 @@ struct StageWaits {
   uint64_t timeout_ns = 0;
   ErrorRecord* error = nullptr;
   int32_t rank = 0;
-  uint64_t* trace[kMaxFusedStages] = {};  // FusedStages::trace
 };
 
 // Out of line: the producer warp runs on few registers (setmaxnreg), and inlined here the
@@ -97,7 +96,7 @@ static __device__ __noinline__ void WaitForOwnPushes(const uint32_t* flag, const
 }
 
 // The waits of a fused launch on `flags` (FusedStages::wait_flag or c_wait_flag), with the
-// launch's epoch, timeout, error record and rank; no trace.
+// launch's epoch, timeout, error record and rank.
 inline StageWaits MakeWaits(const GemmLaunch& g, const uint32_t* const (&flags)[kMaxFusedStages]) {
   StageWaits w;
   for (int s = 0; s < g.fused.count; ++s) {
@@ -149,11 +148,6 @@ struct FlagWaitMainloop : Base_ {
                                                 ProblemShape_MNKL problem_shape_mnkl,
                                                 int32_t next_batch) {
     const StageWaits& w = params.waits;
-    const bool traced = w.trace[0] != nullptr;  // all stages or none
-    if (traced && cute::elect_one_sync()) {
-      TraceMin(&w.trace[next_batch][0]);
-      for (int s = 0; s < next_batch; ++s) TraceMax(&w.trace[s][2]);  // stages it skipped too
-    }
     batch_ = next_batch;
     waited_chunk_ = -1;
     if (w.shard_chunks == 1 && next_batch > 0 && next_batch < kMaxFusedStages &&
@@ -168,7 +162,6 @@ struct FlagWaitMainloop : Base_ {
       // after the acquire.
       asm volatile("fence.proxy.async.global;" ::: "memory");
     }
-    if (traced && cute::elect_one_sync()) TraceMax(&w.trace[next_batch][1]);
     Base::tensormaps_perform_update(shared_tensormaps, params, input_tensormaps,
                                     problem_shape_mnkl, next_batch);
   }
@@ -197,7 +190,6 @@ struct FlagWaitMainloop : Base_ {
         __syncwarp();
         asm volatile("fence.proxy.async.global;" ::: "memory");  // as above
         waited_chunk_ = c;
-        if (w.trace[0] != nullptr && cute::elect_one_sync()) TraceMax(&w.trace[batch_][1]);
       }
     }
     Base::load(params, pipeline, state, load_inputs, input_tensormaps, blk_coord, k_tile_iter,
@@ -228,7 +220,7 @@ struct FlagWaitMainloop : Base_ {
 // Stage 0 has no running sum: its beta is 0 (per-stage beta, FusedStages::stage_beta), and
 // CUTLASS's epilogue then skips its C loads tile by tile.
 struct StageSignals {
-  StageWaits c_waits;  // flag[s]: C of stage s is ready (>= epoch); no trace
+  StageWaits c_waits;  // flag[s]: C of stage s is ready (>= epoch)
   uint32_t* done_flag[kMaxFusedStages] = {};  // set to c_waits.epoch when stage s is stored here
   uint32_t* counters = nullptr;  // nullptr: no completion tracking
   uint32_t tiles_per_stage = 0;  // set by the launch from CUTLASS's scheduler parameters
@@ -402,7 +394,6 @@ struct FusedStageKernel : GemmKernel_ {
     typename Base::Params base;
     FusedPointers pointers;
     void** table;
-    uint64_t* trace_last;  // the last stage's trace record, or nullptr
     const uint32_t* exit_flag;  // FusedStages::exit_wait_flag
   };
 
@@ -423,9 +414,6 @@ struct FusedStageKernel : GemmKernel_ {
         blockIdx.z == 0) {
       WaitForOwnPushes(params.exit_flag, params.base.mainloop.waits);
     }
-    // The last stage ends with the CTA; every warp stamps (warp-specialized roles finish at
-    // different times).  Earlier stages' ends are stamped as producers move on (mainloop above).
-    if (params.trace_last != nullptr && threadIdx.x % 32 == 0) TraceMax(&params.trace_last[2]);
   }
 };
 
@@ -463,7 +451,6 @@ struct FusedStageGemm {
     args.mainloop.dB = stride_b;
     args.mainloop.waits = MakeWaits(g, f.wait_flag);
     for (int s = 0; s < f.count; ++s) {
-      args.mainloop.waits.trace[s] = f.trace[s];
       args.mainloop.waits.seen[s] = f.seen_flag[s];
     }
     args.epilogue.thread.alpha = o.alpha;
@@ -523,7 +510,6 @@ struct FusedStageGemm {
       params.pointers.ptr[kFusedBetaEntry + s] = reinterpret_cast<const void*>(beta_bits);
     }
     params.table = f.table;
-    params.trace_last = f.trace[f.count - 1];
     params.exit_flag = f.exit_wait_flag;
     return RunKernel<Adapter>(params, g, stream);
   }

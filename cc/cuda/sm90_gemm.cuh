@@ -154,7 +154,6 @@ struct StageKernel : GemmKernel_ {
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
     const StageSync& s = params.sync;
-    if (s.trace != nullptr && threadIdx.x == 0) TraceMin(&s.trace[0]);
     // Wait until the previous grid on this stream is complete and its memory flushed (a no-op
     // when launched without PDL), unless this grid does not read what it wrote; then let the
     // next stage launch early (after the wait: see StageSync::overlap_previous).
@@ -193,12 +192,9 @@ struct StageKernel : GemmKernel_ {
       // (async proxy) reads after the leader's acquire.
       asm volatile("fence.proxy.async.global;" ::: "memory");
     }
-    if (s.trace != nullptr && threadIdx.x == 0) TraceMax(&s.trace[1]);
     Base gemm;
     gemm(params.base, smem);
     if (s.overlap_previous) WaitForPreviousGrid();  // complete in stream order
-    // Warp-specialized roles finish at different times: every warp stamps its own end.
-    if (s.trace != nullptr && threadIdx.x % 32 == 0) TraceMax(&s.trace[2]);
   }
 };
 
