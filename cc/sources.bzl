@@ -49,7 +49,6 @@ CUDA_HOST_SRCS = [
     "cuda/peer_state.cc",
 ]
 CUDA_KERNEL_SRCS = [
-    "cuda/combine_kernels.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop128x256.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop128x256_c1x1.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop256x128_c2x1.cu",
@@ -69,7 +68,6 @@ CUDA_KERNEL_SRCS = [
 ]
 CUDA_HDRS = [
     "cuda/autotune.h",
-    "cuda/combine_kernels.h",
     "cuda/copy_stream.h",
     "cuda/cuda_check.h",
     "cuda/distgemm_cuda.h",

@@ -490,141 +490,95 @@ def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
   test.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
 
 
-class CudaFusedReduceScatterTest(parameterized.TestCase):
-  """ReduceScatter with remote C or push as one fused grid (JAX_DISTGEMM_RS_FUSED=1 or all,
-  read per call): per-stage beta, C waits in the epilogue, completion counted by the grid
-  itself.  The default is one launch per stage."""
+class CudaRemoteCTest(parameterized.TestCase):
+  """ReduceScatter remote_c (the automatic path where the stage k > 2048, unless the gather path
+  moves no more bytes; asked for by name here): one launch per stage, whose epilogue reads the
+  left neighbour's running sum over NVLink as C."""
 
-  def tearDown(self):
-    os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
-    os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
-    super().tearDown()
+  def setUp(self):
+    super().setUp()
+    self.enter_context(test_util.rs_env({"JAX_DISTGEMM_RS_PATH": "remote_c"}))
 
   @parameterized.product(
       schedule=[Schedule.ReduceScatter1D_TilingA_RotatingC,
                 Schedule.ReduceScatter1D_TilingB_RotatingC],
-      mode=["all", "0"], path=["remote_c", "push"], shape=["square", "ragged", "tall"])
-  def test_fused_and_stage_paths_match_reference(self, schedule, mode, path, shape):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # "all": fused even at small k
-    os.environ["JAX_DISTGEMM_RS_PATH"] = path  # push: the epilogue stores into the peer's slot
+      shape=["square", "ragged", "tall"])
+  def test_matches_reference(self, schedule, shape):
     m, k, n = SHAPES[shape]
-    variant = (4 * (path == "push") + 2 * (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC)
-               + (mode == "all"))
-    m += 16 * TP * (variant + 8)  # a shape per case: each tunes (and so lists) its launches
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, mode, path, shape), (m, k),
+    # A shape per case, so that each case tunes (and so lists) its launches.
+    m += 16 * TP * (8 + (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC))
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, "remote_c", shape), (m, k),
                                       (k, n), jnp.bfloat16)
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
-    fused = ["fused stages=2" in line for line in tuned]
-    self.assertEqual([mode == "all"] * len(tuned), fused, tuned)
-    self.assertEqual(rs_paths(), sorted((d.local_hardware_id, path) for d in GPUS[:TP]), tuned)
-
-  @parameterized.parameters(None, "1")
-  def test_stage_launches_by_default_fused_on_request(self, mode):
-    module = ffi_modules.module_for("cuda")
-    if mode is not None:
-      os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
-    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
-    m, k, n = 384 + 32 * (mode is None), 4 * 2048 + 2 * 64, 512  # stage k > 2048: remote C
-    x, w, _ = test_util.random_inputs(21, (m, k), (k, n), jnp.bfloat16)
-    ref = test_util.reference_np(x, w)
-    with new_tuning_lines(module) as tuned:
-      f, args = run_global(schedule, x, w)
-      for rep in range(2):
-        self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
-    self.assertNotEmpty(tuned)
-    self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
+    self.assertEqual(rs_paths(), sorted((d.local_hardware_id, "remote_c") for d in GPUS[:TP]),
                      tuned)
 
   def test_back_to_back_calls_alternating_shapes(self):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"
     check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=30)
 
-  @parameterized.parameters("remote_c", "push")
-  def test_missing_peer_signal_times_out_and_recovers(self, path):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"  # device 1's grid never signals stage 0 done
-    os.environ["JAX_DISTGEMM_RS_PATH"] = path
+  def test_missing_peer_signal_times_out_and_recovers(self):
+    # Device 1's stage 1 launch never signals that its stage 0 is done.
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 41)
 
 
 class CudaCopyRingTest(parameterized.TestCase):
-  """ReduceScatter copy_ring (the default where the stage k <= 2048, unless the gather path
-  moves no more bytes; asked for by name here): one fused grid for every (stage, chunk) where
-  TP x chunks <= 8 and the chunks have equal rows; the grid marks each chunk stored, the copy
-  stream waits for the mark and pushes it.  JAX_DISTGEMM_RS_FUSED=0 and JAX_DISTGEMM_RS_CHUNKS
-  are read per call."""
+  """ReduceScatter copy_ring (the automatic path where the stage k <= 2048, unless the gather
+  path moves no more bytes; asked for by name here): each stage runs in row chunks, and the
+  copy stream pushes each chunk's running sum to the right neighbour while the next chunks
+  compute."""
 
   def setUp(self):
     super().setUp()
-    os.environ["JAX_DISTGEMM_RS_PATH"] = "copy_ring"
+    self.enter_context(test_util.rs_env({"JAX_DISTGEMM_RS_PATH": "copy_ring"}))
 
-  def tearDown(self):
-    for k in ("JAX_DISTGEMM_RS_FUSED", "JAX_DISTGEMM_RS_CHUNKS", "JAX_DISTGEMM_RS_PATH"):
-      os.environ.pop(k, None)
-    super().tearDown()
-
-  # Rows of the running sum per device -> {chunks asked: batches of the fused grid per stage,
-  # or None where the chunks are unequal and the call takes one launch per chunk}.
-  ROWS = {"even": (1024, {1: 1, 2: 2, 4: 4}), "uneven": (640, {1: 1, 2: None, 4: None})}
+  # Rows of the running sum per device: 1024 splits into two equal chunks, 640 into 384 + 256.
+  ROWS = {"even": 1024, "uneven": 640}
 
   @parameterized.product(
       schedule=[Schedule.ReduceScatter1D_TilingA_RotatingC,
                 Schedule.ReduceScatter1D_TilingB_RotatingC],
-      mode=["1", "0"], chunks=[1, 2, 4], rows=["even", "uneven"])
-  def test_fused_and_chunk_launches_match_reference(self, schedule, mode, chunks, rows):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
-    os.environ["JAX_DISTGEMM_RS_CHUNKS"] = str(chunks)
-    sm, batches = self.ROWS[rows]
+      rows=["even", "uneven"])
+  def test_chunk_launches_match_reference(self, schedule, rows):
+    sm = self.ROWS[rows]
     tiling_a = schedule == Schedule.ReduceScatter1D_TilingA_RotatingC
     m = sm * TP if tiling_a else sm
-    k = 512  # stage k 256 (TilingA) / 512: copy_ring
+    k = 512  # stage k 256 (TilingA) / 512
     # A shape per case, so that each case tunes (and so lists) its own launches.
-    variant = 12 * (not tiling_a) + 6 * (mode == "0") + 2 * [1, 2, 4].index(chunks) + (
-        rows == "uneven")
-    n = 512 + 32 * variant
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, mode, chunks, rows), (m, k),
+    n = 512 + 32 * (2 * (not tiling_a) + (rows == "uneven"))
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, "copy_ring", rows), (m, k),
                                       (k, n), jnp.bfloat16)
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
-    per_stage = batches[chunks] if mode == "1" else None
-    want = [f"fused stages={TP * per_stage}" if per_stage else None] * len(tuned)
-    got = [line[line.index("fused"):].split(":")[0] if "fused" in line else None
-           for line in tuned]
-    self.assertEqual(want, got, tuned)
+    self.assertEqual(rs_paths(), sorted((d.local_hardware_id, "copy_ring") for d in GPUS[:TP]),
+                     tuned)
 
-  @parameterized.parameters("1", "0")
-  def test_back_to_back_calls_alternating_shapes(self, mode):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
-    check_alternating_calls(self, [(1024, 512, 1024), (512, 1024, 384)], seed=50)  # equal chunks
+  def test_back_to_back_calls_alternating_shapes(self):
+    check_alternating_calls(self, [(1024, 512, 1024), (512, 1024, 384)], seed=50)
 
-  @parameterized.parameters("1", "0")
-  def test_missing_peer_push_times_out_and_recovers(self, mode):
-    # 512 x 512 @ 512 x 1024: stage k 256, two chunks of 128 rows: fused unless mode "0".
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # device 1's copy stream never pushes
+  def test_missing_peer_push_times_out_and_recovers(self):
+    # 512 x 512 @ 512 x 1024: stage k 256, two chunks of 128 rows; device 1 never pushes.
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 43)
 
 
 class CudaRsGatherTest(parameterized.TestCase):
-  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, read per call, or
-  the automatic path where it moves no more bytes than the ring):
-  each device pushes its peers the x rows and the w shard they need at the call's start and
-  sums its own rows over every K shard; no running sum travels (executor.cc, EnqueueRsGather).
-  One launch per stage, or one grid with JAX_DISTGEMM_RS_FUSED=1.  Where it does not apply
-  (TilingB, batches) the automatic path runs."""
+  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, or the automatic
+  path where it moves no more bytes than the ring): each device pushes its peers the x rows and
+  the w shard they need at the call's start and sums its own rows over every K shard; no
+  running sum travels (executor.cc, EnqueueRsGather).  Where it does not apply (TilingB,
+  batches) the automatic path runs."""
 
-  def tearDown(self):
-    os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
-    os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
-    super().tearDown()
+  def setUp(self):
+    super().setUp()
+    self.enter_context(test_util.rs_env({}))
 
   def paths(self):
     return rs_paths()
 
-  @parameterized.product(shape=list(SHAPES), with_c=[False, True], mode=["0", "1"])
-  def test_matches_reference(self, shape, with_c, mode):
+  @parameterized.product(shape=list(SHAPES), with_c=[False, True])
+  def test_matches_reference(self, shape, with_c):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
     m, k, n = SHAPES[shape]
-    m += 16 * TP * (3 + with_c + 2 * (mode == "1"))  # a shape of its own: it tunes in the call
+    m += 16 * TP * (3 + with_c)  # a shape of its own: it tunes in the call
     x, w, _ = test_util.random_inputs(test_util.seed_of("gather", shape, with_c), (m, k), (k, n),
                                       jnp.bfloat16)
     c = None
@@ -634,8 +588,6 @@ class CudaRsGatherTest(parameterized.TestCase):
     tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
     self.assertEqual(self.paths(), [(o, "gather") for o in
                                     sorted(d.local_hardware_id for d in GPUS[:TP])], tuned)
-    self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
-                     tuned)
 
   def test_automatic_where_it_moves_no_more_bytes(self):
     # Unset JAX_DISTGEMM_RS_PATH: gather where sk (sm + sn) <= sm sn (problem.h), else the ring.
@@ -655,29 +607,31 @@ class CudaRsGatherTest(parameterized.TestCase):
     tuned_lines_of_three_calls(self, Schedule.ReduceScatter1D_TilingB_RotatingC, x, w)
     self.assertNotIn("gather", [path for _, path in self.paths()])
 
-  @parameterized.parameters("0", "1")
-  def test_back_to_back_calls_alternating_shapes(self, mode):
+  def test_back_to_back_calls_alternating_shapes(self):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=62)
 
   def test_alternating_with_the_ring_path(self):
     # Calls of the two paths interleave: slots and flags of consecutive calls sit in different
-    # parity halves whichever path each took.
+    # parity halves whichever path each took.  The path is fixed when a call is lowered, so
+    # each path has its own function.
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
     x, w, _ = test_util.random_inputs(63, (1024, 512), (512, 768), jnp.bfloat16)
     ref = test_util.reference_np(x, w)
-    f, args = run_global(schedule, x, w)
+    fns = {}
+    for path in ("copy_ring", "gather"):
+      os.environ["JAX_DISTGEMM_RS_PATH"] = path
+      f, args = run_global(schedule, x, w)
+      jax.block_until_ready(f(*args))  # lowered (and so fixed to `path`) here
+      fns[path] = f
     for i in range(6):
       want = "gather" if i % 2 else "copy_ring"
       os.environ["JAX_DISTGEMM_RS_PATH"] = want
-      self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {i}")
+      self.assertLess(test_util.rel_err(fns[want](*args), ref), 1e-2, f"call {i}")
       self.assertEqual(self.paths(), sorted((d.local_hardware_id, want) for d in GPUS[:TP]), i)
 
-  @parameterized.parameters("0", "1")
-  def test_missing_peer_push_times_out_and_recovers(self, mode):
+  def test_missing_peer_push_times_out_and_recovers(self):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"  # device 1 never pushes its operands
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 64)
 
 

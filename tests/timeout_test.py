@@ -146,12 +146,12 @@ class TimeoutTest(parameterized.TestCase):
       self.assertCorrect(f, x, w, ref)
 
   @parameterized.named_parameters(
-      ("fused_all", {"JAX_DISTGEMM_RS_FUSED": "all"}),
       ("ring_asked_for", {"JAX_DISTGEMM_RS_PATH": "copy_ring"}),
+      ("remote_c_asked_for", {"JAX_DISTGEMM_RS_PATH": "remote_c"}),
   )
   def test_rs_gather_not_taken_where_switched_off(self, env):
-    """At a shape where the automatic path gathers, JAX_DISTGEMM_RS_FUSED=all or another asked-for
-    path runs the ring instead (cc/common/rs_path.h, RsGatherChosen): a peer that stops before
+    """At a shape where the automatic path gathers, another asked-for path runs the ring
+    instead (cc/common/rs_path.h, RsGatherChosen): a peer that stops before
     the second barrier is then reported at the ring's stage 0, not at the gather's closing
     barrier."""
     mesh = tu.mesh_1d(4)

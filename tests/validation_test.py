@@ -584,12 +584,12 @@ class WorkspaceEstimateTest(absltest.TestCase):
                      2 * 3 * 64 * 32 * 2)
     # RS: running sums of one output tile, in the output dtype, 256-byte slots, as many as the
     # executor's path takes (cuda_rules.rs_path): stage k = 64 <= 2048, so the copy ring's
-    # 2 (TP-1), or TP-1 for fused remote C.
+    # 2 (TP-1), or TP-1 for remote C.
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4),
                      2 * 6 * 256)  # 2*2*32 bf16 = 256 bytes
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4,
                                                 jnp.float32), 2 * 6 * 512)
-    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_FUSED": "all"}):
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "remote_c"}):
       self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4),
                        2 * 3 * 256)
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_B, 4),
@@ -606,16 +606,12 @@ class WorkspaceEstimateTest(absltest.TestCase):
     gather = 2 * 3 * (32 * 16 * 2 + 16 * 64 * 2 + 32 * 64 * 2)
     ring = 2 * 6 * 32 * 64 * 2  # the copy ring (stage k <= 2048)
     cases = ({}, gather), ({"JAX_DISTGEMM_RS_PATH": "copy_ring"}, ring), (
-        {"JAX_DISTGEMM_RS_PATH": "remote_c"}, ring // 2), (
-        {"JAX_DISTGEMM_RS_PATH": "copy_add"}, ring // 2), (  # TP=4: remote C instead
-        {"JAX_DISTGEMM_RS_FUSED": "all"}, ring // 2)
+        {"JAX_DISTGEMM_RS_PATH": "remote_c"}, ring // 2)
     for env, want in cases:
       with self.subTest(env=env), tu.rs_env(env):
         self.assertEqual(cuda_rules.workspace_bytes((128, 16), (16, 64), bf16, RS_A, 4), want)
-    # TilingB never gathers; at TP=2 copy-add keeps its 2 slots.
+    # TilingB never gathers.
     self.assertEqual(cuda_rules.rs_path(RS_B, 4, 1, False, 128, 16, 16), "copy_ring")
-    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "copy_add"}):
-      self.assertEqual(cuda_rules.rs_path(RS_A, 2, 1, False, 256, 4096, 64), "copy_add")
     # A batched problem falls back from an asked-for gather to the automatic ring paths.
     with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "gather"}):
       self.assertEqual(cuda_rules.rs_path(RS_A, 4, 2, False, 32, 16, 64), "copy_ring")

@@ -117,7 +117,6 @@ __global__ void ToFloatKernel(const T* src, float* dst, int64_t n) {
 struct Case {
   ScheduleKind schedule;
   int rs_path;       // RsPath (ReduceScatter), kRsAuto for AllGather
-  int rs_fused;      // RsFused
   bool fuse_stages;  // AllGather: one fused grid
   int ag_chunks;     // AllGather: pushed chunks (0: automatic)
   bool gathered = false;  // AllGather: also return the gathered operand (CallBuffers::gathered)
@@ -203,7 +202,7 @@ const char* PathName(const Case& c) {
         std::to_string(c.ag_chunks) + (c.gathered ? " +gathered" : "");
   } else {
     const char* p = jdg::RsPathName(c.rs_path);
-    s = std::string(*p ? p : "auto") + (c.rs_fused == jdg::kRsFusedOn ? " fused" : "");
+    s = *p ? p : "auto";
   }
   return s.c_str();
 }
@@ -283,7 +282,6 @@ struct CallData {
     opt.timeout_ms = timeout_ms;
     opt.poison_output = true;  // unwritten tiles read NaN
     opt.rs_path = c.rs_path;
-    opt.rs_fused = c.rs_fused;
     opt.fuse_stages = c.fuse_stages;
     opt.ag_chunks = c.ag_chunks;
     // NOTE: every launch waits for the one before it.  With overlap (the default), each stage
@@ -819,34 +817,27 @@ int main(int argc, char** argv) {
   const S kRsA = S::kReduceScatter1D_TilingA_RotatingC;
   const S kRsB = S::kReduceScatter1D_TilingB_RotatingC;
   const Case cases[] = {
-      // schedule, RsPath, RsFused, AllGather fused grid, AllGather chunks
-      {kAgA, 0, 0, true, 0},
-      {kAgA, 0, 0, true, 2},
-      {kAgA, 0, 0, false, 0},
-      {kAgB, 0, 0, true, 0},
-      {kAgB, 0, 0, true, 2},
-      {kAgB, 0, 0, false, 2},
-      {kRsA, jdg::kRsAuto, 0, true, 0},
-      {kRsA, jdg::kRsRemoteC, 0, true, 0},
-      {kRsA, jdg::kRsRemoteC, jdg::kRsFusedOn, true, 0},
-      {kRsA, jdg::kRsPush, 0, true, 0},
-      {kRsA, jdg::kRsCopyAdd, 0, true, 0},  // TP=2 only; elsewhere the executor runs remote_c
-      {kRsA, jdg::kRsCopyRing, 0, true, 0},
-      {kRsA, jdg::kRsCopyRing, jdg::kRsFusedOn, true, 0},
-      {kRsA, jdg::kRsGather, 0, true, 0},
-      {kRsA, jdg::kRsGather, jdg::kRsFusedOn, true, 0},
-      {kRsB, jdg::kRsAuto, 0, true, 0},
-      {kRsB, jdg::kRsRemoteC, 0, true, 0},
-      {kRsB, jdg::kRsCopyAdd, 0, true, 0},
-      {kRsB, jdg::kRsPush, jdg::kRsFusedOn, true, 0},
-      {kRsB, jdg::kRsCopyRing, 0, true, 0},
+      // schedule, RsPath, AllGather fused grid, AllGather chunks
+      {kAgA, 0, true, 0},
+      {kAgA, 0, true, 2},
+      {kAgA, 0, false, 0},
+      {kAgB, 0, true, 0},
+      {kAgB, 0, true, 2},
+      {kAgB, 0, false, 2},
+      {kRsA, jdg::kRsAuto, true, 0},
+      {kRsA, jdg::kRsRemoteC, true, 0},
+      {kRsA, jdg::kRsCopyRing, true, 0},
+      {kRsA, jdg::kRsGather, true, 0},
+      {kRsB, jdg::kRsAuto, true, 0},
+      {kRsB, jdg::kRsRemoteC, true, 0},
+      {kRsB, jdg::kRsCopyRing, true, 0},
       // AllGather with the gathered operand (the ReduceScatter backward's; CopyGathered)
-      {kAgA, 0, 0, true, 0, true},
-      {kAgA, 0, 0, true, 2, true},
-      {kAgA, 0, 0, false, 0, true},
-      {kAgB, 0, 0, true, 0, true},
-      {kAgB, 0, 0, true, 2, true},
-      {kAgB, 0, 0, false, 2, true},
+      {kAgA, 0, true, 0, true},
+      {kAgA, 0, true, 2, true},
+      {kAgA, 0, false, 0, true},
+      {kAgB, 0, true, 0, true},
+      {kAgB, 0, true, 2, true},
+      {kAgB, 0, false, 2, true},
   };
   // The run's main streams (one per rank, for the whole run, created before any group's copy
   // streams), unless each case makes its own (--group-per-case 1).

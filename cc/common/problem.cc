@@ -95,9 +95,8 @@ bool RsGatherMovesNoMore(const Problem& p) {
   return p.sk() * (p.sm() + p.sn()) <= p.sm() * p.sn();
 }
 
-bool RsGatherChosen(const Problem& p, bool requested, bool automatic, bool fused_all) {
-  return RsGatherApplies(p) &&
-         (requested || (automatic && !fused_all && RsGatherMovesNoMore(p)));
+bool RsGatherChosen(const Problem& p, bool requested, bool automatic) {
+  return RsGatherApplies(p) && (requested || (automatic && RsGatherMovesNoMore(p)));
 }
 
 std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,

@@ -82,9 +82,8 @@ bool RsGatherMovesNoMore(const Problem& p);
 
 // Whether a ReduceScatter call gathers: where it applies, when JAX_DISTGEMM_RS_PATH asks for it
 // (`requested`), or on the automatic path (`automatic`: no path asked for) where it moves no
-// more bytes, unless JAX_DISTGEMM_RS_FUSED=all asks for fused remote C (`fused_all`).  The
-// one rule of both executors (CUDA ChooseRsPath, the CPU executor's mirror of it).
-bool RsGatherChosen(const Problem& p, bool requested, bool automatic, bool fused_all);
+// more bytes.  The one rule of both executors (CUDA ChooseRsPath, the CPU executor's mirror).
+bool RsGatherChosen(const Problem& p, bool requested, bool automatic);
 
 // Builds the problem from the local buffer shapes.  Returns an empty string on success, else a
 // message that names the offending argument and the rule it breaks.

@@ -12,9 +12,7 @@ struct RsPathEntry {
   const char* name;
 };
 constexpr RsPathEntry kRsPathNames[] = {
-    {kRsRemoteC, "remote_c"}, {kRsPush, "push"},     {kRsCopyAdd, "copy_add"},
-    {kRsCopyRing, "copy_ring"}, {kRsGather, "gather"},
-};
+    {kRsRemoteC, "remote_c"}, {kRsCopyRing, "copy_ring"}, {kRsGather, "gather"}};
 
 }  // namespace
 
@@ -30,12 +28,6 @@ RsPath RsPathFromEnv() {
     if (EnvEquals("JAX_DISTGEMM_RS_PATH", e.name)) return e.path;
   }
   return kRsAuto;
-}
-
-RsFused RsFusedFromEnv() {
-  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "1")) return kRsFusedOn;
-  if (EnvEquals("JAX_DISTGEMM_RS_FUSED", "all")) return kRsFusedAll;
-  return kRsFusedOff;
 }
 
 }  // namespace jax_distgemm

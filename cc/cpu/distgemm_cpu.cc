@@ -168,13 +168,13 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
 }
 
 // Where the CUDA executor would gather (its ChooseRsPath, executor.cc): JAX_DISTGEMM_RS_PATH=
-// gather, or the automatic path where gathering moves no more bytes than the ring and
-// JAX_DISTGEMM_RS_FUSED is not "all"; only where it applies.  ReduceScatter TilingA by gathering
+// gather, or the automatic path where gathering moves no more bytes than the ring; only where
+// it applies.  ReduceScatter TilingA by gathering
 // operands, as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
 // cc/schedules/ring_1d.h).  Read per call; the same in every process of a group, as on CUDA.
 bool RsGatherRequested(const Problem& p) {
   const RsPath path = RsPathFromEnv();
-  return RsGatherChosen(p, path == kRsGather, path == kRsAuto, RsFusedFromEnv() == kRsFusedAll);
+  return RsGatherChosen(p, path == kRsGather, path == kRsAuto);
 }
 
 std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,

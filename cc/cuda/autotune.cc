@@ -163,7 +163,7 @@ constexpr double kNominalFlopPerMs = 6e11;  // 600 TFLOP/s: turn lengths only, n
 constexpr GemmConfig kChallengerConfig = GemmConfig::kCoop128x256_C1x1;
 bool CallTrialsEnabled() { return !EnvEquals("JAX_DISTGEMM_CALL_TRIAL", "0"); }
 bool IsLongAllGatherGrid(const GemmLaunch& g, float one_launch_ms) {
-  return g.fused.count > 0 && !g.fused.stage_beta && one_launch_ms >= kCallTrialMinMs;
+  return g.fused.count > 0 && one_launch_ms >= kCallTrialMinMs;
 }
 // The grid's ms at the nominal rate: the same number on every device of a group.
 float NominalGridMs(const GemmLaunch& g) {
@@ -212,10 +212,7 @@ Key MakeKey(const GemmLaunch& g, TuneMode mode, int heat_override, bool call_tri
 GemmLaunch TrialLaunch(GemmLaunch g) {
   g.sync = StageSync{};  // trial runs never wait or signal
   for (const uint32_t*& flag : g.fused.wait_flag) flag = nullptr;
-  for (const uint32_t*& flag : g.fused.c_wait_flag) flag = nullptr;
-  for (uint32_t*& flag : g.fused.done_flag) flag = nullptr;
   for (uint32_t*& flag : g.fused.seen_flag) flag = nullptr;
-  g.fused.counters = nullptr;
   g.fused.exit_wait_flag = nullptr;
   g.pdl = false;
   return g;

@@ -121,7 +121,6 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.overlap_stages = !no_overlap;
   options.fuse_stages = FuseStages();
   options.ag_kernel_join = !EnvEquals("JAX_DISTGEMM_AG_JOIN", "event");  // read per call
-  options.rs_fused = RsFusedFromEnv();
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
                                            timeout_ms);
       !err.empty()) {

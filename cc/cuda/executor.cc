@@ -17,12 +17,9 @@
 //
 // ReduceScatter (ring; the running sum of stage i feeds the right neighbour's stage i+1):
 //
-//   kRemoteC  (default) stage i: signal right.flag(i) (my stage i-1 is done) | wait flag(i) |
-//                      C = left's slot i-1 (remote read), D = my slot i (out at the last)
-//   kPush     as kRemoteC with C = my slot i-1 and D = right's slot i (remote store)
-//   kCopyAdd  TP=2: stage 0 D = my slot 0; copy engine: slot 0 -> right's recv slot,
-//             flag(1)=e; stage 1 D = out (no C); add kernel: wait flag(1) | out += recv
-//   kCopyRing any TP, each stage split into row chunks c (CallOptions::rs_chunks, default 2):
+//   kRemoteC  stage i: signal right.flag(i) (my stage i-1 is done) | wait flag(i) |
+//             C = left's slot i-1 (remote read), D = my slot i (out at the last)
+//   kCopyRing each stage split into row chunks c (CallOptions::rs_chunks, default 2):
 //             stage i chunk c: wait flag(i,c) (i > 0) | C = my recv slot i, rows c (i > 0) |
 //             D = my send slot i, rows c (out at the last); then, if i < TP-1, copy engine:
 //             send slot i rows c -> right's recv slot i+1 rows c, right.flag(i+1,c)=e
@@ -30,11 +27,8 @@
 //     main stream : [s0 c0][s0 c1] [s1 c0: wait f(1,0)][s1 c1: wait f(1,1)] ...      <join>
 //     copy stream :        push s0 c0, f(1,0)=e  push s0 c1, f(1,1)=e  push s1 c0 ...
 //
-//             Fused (JAX_DISTGEMM_RS_FUSED=1, where TP x chunks <= 8 and the chunks are
-//             equal; slower than the launches above in L4 of docs/performance.md): one grid runs
-//             every (stage, chunk) as a batch; it marks each chunk of its own stored, the copy
-//             stream waits for that mark (cuStreamWaitValue32), and stage i's epilogue waits
-//             for flag(i, c) before it loads C (EnqueueRsCopyRingFused).
+//   kGather   TilingA, one batch: every device pushes each peer the x rows and w it needs at
+//             the call's start; no running sum travels (EnqueueRsGather).
 //
 // Slots are indexed [parity][slot] with parity = epoch % 2 (peer_state.h explains why that
 // suffices without a trailing barrier; EnqueueRsCopyRing repeats the argument for its slots).
@@ -44,7 +38,6 @@
 #include <sstream>
 
 #include "cc/cuda/autotune.h"
-#include "cc/cuda/combine_kernels.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
 #include "cc/schedules/ring_1d.h"
@@ -142,23 +135,13 @@ void SetWait(StageSync& s, const uint32_t* flags, int stage, int chunk, uint32_t
   s.peer = peer;
 }
 
-// GEMM scratch (zeroed at allocation and by Reset):
-//   [CUTLASS workspace | stage counters (fused ReduceScatter) | pointer table x 2 (parity)]
-// Fused launches' pointer tables (FusedStages::table) alternate by call parity; the stage
-// counters return to zero at the end of every grid that uses them.
+// GEMM scratch: [CUTLASS workspace | pointer table x 2].  The fused grid's pointer tables
+// (FusedStages::table) alternate by call parity.
 constexpr size_t kFusedTableBytes = kFusedTableEntries * sizeof(void*);
-constexpr size_t kStageCounterBytes = 256;
-static_assert(kMaxFusedStages * sizeof(uint32_t) <= kStageCounterBytes);
-constexpr size_t kCutlassWorkspaceBytes =
-    PeerGroup::kGemmScratchBytes - 2 * kFusedTableBytes - kStageCounterBytes;
-uint32_t* StageCounters(const DeviceState& d) {
-  return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(d.gemm_scratch) +
-                                     kCutlassWorkspaceBytes);
-}
+constexpr size_t kCutlassWorkspaceBytes = PeerGroup::kGemmScratchBytes - 2 * kFusedTableBytes;
 void** FusedTable(const DeviceState& d, uint32_t epoch) {
   return reinterpret_cast<void**>(static_cast<uint8_t*>(d.gemm_scratch) +
-                                  kCutlassWorkspaceBytes + kStageCounterBytes +
-                                  (epoch & 1u) * kFusedTableBytes);
+                                  kCutlassWorkspaceBytes + (epoch & 1u) * kFusedTableBytes);
 }
 
 // [begin, end) of chunk c of `extent` split in `chunks`, aligned to 128.
@@ -245,29 +228,18 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
   return cudaSuccess;
 }
 
-// Unless JAX_DISTGEMM_RS_PATH says otherwise: kCopyRing when the running sum's NVLink time is
-// close to a stage's compute, else kRemoteC.  That ratio is (2 m n B / 395 GB/s) /
-// (2 m n k / ~700 TFLOP/s) = ~1770 / k for the stage's k: 0.87 at k = 2048, 0.43 at 4096.  On
-// 2x H200 (docs/performance.md, 2026-11-30) kCopyRing beat kRemoteC at k = 2048 in three runs
-// (0.86-0.88 vs 0.78-0.82 of ideal) and was no better at k >= 4096; kRemoteC matched or beat
-// kPush and kCopyAdd everywhere.
-//
-// kGather where it applies and moves no more bytes than the ring (RsGatherMovesNoMore,
-// problem.h), unless JAX_DISTGEMM_RS_FUSED=all asks for fused remote C.  Measured only at RS
-// 8192,4096,4096 (ratio 1.0) on 2x H200: 0.897 of the ideal against the copy ring's 0.829, in
-// one process (docs/performance.md, P6); the other suite shapes move 1.08-4.5x the bytes.
-// NOTE: jax_distgemm/_src/cuda_rules.py (rs_path, workspace_bytes) mirrors this choice and
-// WorkspaceBytes below to check the workspace cap before launch: change them together.
+// The ReduceScatter path of `p`, unless CallOptions::rs_path forces one.  kGather where it
+// applies and moves no more bytes than the ring (RsGatherMovesNoMore, problem.h): its operands
+// travel from the call's start.  Else kCopyRing where the running sum's NVLink time is close to
+// a stage's compute, ~1770 / k for the stage's k (0.87 at k = 2048), so that it must overlap
+// the next stage's GEMM; else kRemoteC, which moves it inside the epilogue.
 RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (RsGatherChosen(p, o.rs_path == kRsGather, o.rs_path == kRsAuto,
-                     o.rs_fused == kRsFusedAll)) {
-    return kRsGather;
-  }
+  if (RsGatherChosen(p, o.rs_path == kRsGather, o.rs_path == kRsAuto)) return kRsGather;
   // kGather asked for where it does not apply (problem.h): the automatic choice.
   if (o.rs_path == kRsAuto || o.rs_path == kRsGather) {
-    return p.sk() <= 2048 && o.rs_fused != kRsFusedAll ? kRsCopyRing : kRsRemoteC;
+    return p.sk() <= 2048 ? kRsCopyRing : kRsRemoteC;
   }
-  return (o.rs_path == kRsCopyAdd && p.tp != 2) ? kRsRemoteC : static_cast<RsPath>(o.rs_path);
+  return static_cast<RsPath>(o.rs_path);
 }
 
 GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions& o,
@@ -505,54 +477,9 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   return "";
 }
 
-// The launch of a fused ReduceScatter grid (EnqueueRsFused, EnqueueRsCopyRingFused): `chunks`
-// batches per stage, per-batch beta, this device's pointer table and completion counters.
-GemmLaunch RsFusedLaunch(const Problem& p, DeviceState& me, const CallOptions& o,
-                         ErrorRecord* error, int rank, uint32_t epoch, int chunks) {
-  GemmLaunch g = BaseLaunch(p, me, o, error, rank);
-  FusedStages& f = g.fused;
-  f.count = p.tp * chunks;
-  f.chunks = chunks;
-  f.table = FusedTable(me, epoch);
-  f.stage_beta = true;
-  f.counters = StageCounters(me);
-  return g;
-}
-
-// Records the operands now in g.ops as batch s of a fused ReduceScatter grid (EnqueueRsFused,
-// EnqueueRsCopyRingFused): C `c` with beta 1, or (c == nullptr, the schedule's stage 0: no
-// running sum yet) beta 0, where CUTLASS skips the load but the address must still be valid,
-// so D's.  False when the batch's pitches differ from batch 0's (`first`, set at s == 0).
-// NOTE: one set of leading dims for all batches (FusedStageGemm); slot and out rows are sn wide
-// for both tilings, so they agree; checked anyway.
-bool AddRsBatch(GemmLaunch& g, int s, const void* c, const MatrixView& pv, GemmOperands* first) {
-  if (s == 0) *first = g.ops;
-  if (g.ops.lda != first->lda || g.ops.ldb != first->ldb || g.ops.ldd != first->ldd ||
-      pv.ld != g.ops.ldd) {
-    return false;
-  }
-  FusedStages& f = g.fused;
-  f.a[s] = g.ops.a;
-  f.b[s] = g.ops.b;
-  f.d[s] = g.ops.d;
-  f.c[s] = c != nullptr ? c : g.ops.d;
-  f.beta[s] = c != nullptr ? 1.f : 0.f;
-  return true;
-}
-
-// After the last AddRsBatch: the launch-wide C operand (selects the kernel with C; the batches'
-// own C pointers and betas are in the table) and the waits' epoch.
-void FinishRsBatches(GemmLaunch& g, const MatrixView& pv, uint32_t epoch) {
-  g.ops.c = g.fused.c[0];
-  g.ops.ldc = pv.ld;
-  g.ops.batch_stride_c = 0;
-  g.ops.beta = 1.f;  // unused: per-batch beta
-  g.sync.wait_epoch = epoch;
-}
-
 // kCopyRing, stage i chunk c of `chunks`: rows [lo, hi) of the running sum, the send slot its
 // GEMM writes (nullptr at the last stage, which writes out) and the receive-slot rows it reads
-// as C (nullptr at stage 0: no running sum yet).  Both copy-ring paths walk these.
+// as C (nullptr at stage 0: no running sum yet).
 struct CopyRingChunk {
   int64_t lo = 0, hi = 0;
   uint8_t* send = nullptr;
@@ -571,8 +498,7 @@ CopyRingChunk CopyRingChunkAt(const Problem& p, DeviceState& me, uint32_t epoch,
 }
 
 // kCopyRing, one chunk: m and A, B, D of its GEMM; D = the chunk's send-slot rows (out rows at
-// the last stage).  C and the waits are the caller's (launch per chunk, or a batch of the fused
-// grid).
+// the last stage).  C and the waits are the caller's.
 void SetCopyRingChunkOperands(GemmOperands& o, const Problem& p, const CallBuffers& b, int tile,
                               const CopyRingChunk& k) {
   const MatrixView av = p.AView(tile), bv = p.BView(tile), ov = p.OutView(tile);
@@ -599,87 +525,6 @@ cudaError_t PushCopyRingChunk(const Problem& p, DeviceState& me, DeviceState& ne
   return e;
 }
 
-// Whether a kCopyRing call runs as one fused grid (EnqueueRsCopyRingFused): every (stage,
-// chunk) is a batch of one ptr-array GEMM, so the chunks must have equal rows and the batches
-// fit the pointer table.
-bool FusesCopyRing(const Problem& p, const CallOptions& o, int chunks) {
-  if (o.rs_fused == kRsFusedOff || p.tp <= 1 || p.batch != 1 ||
-      p.tp * chunks > kMaxFusedStages) {
-    return false;
-  }
-  int64_t lo, hi;
-  ChunkRange(p.sm(), chunks, 0, &lo, &hi);
-  return (hi - lo) * chunks == p.sm() && CanFuse(p.in_type, p.out_type);
-}
-
-// ReduceScatter, kCopyRing, all stages and chunks in one grid.  Batch b = i * chunks + c of a
-// ptr-array GEMM is stage i, chunk c (rows [lo, hi) of the running sum); tiles run in batch
-// order, so a CTA moves on to the next chunk without a launch in between:
-//
-//   grid (SMs)  : [s0 c0][s0 c1] [s1 c0: epilogue C waits f(1,0)][s1 c1: waits f(1,1)] ...
-//                       |done(0,0) |done(0,1)
-//   copy stream :        wait done(0,0), push s0 c0, right.f(1,0)=e; wait done(0,1), push ...
-//
-// D = my send slot i rows c (out at the last stage); C = my receive slot i rows c (stage i > 0,
-// beta 1; its epilogue loads wait for f(i, c), set by the left neighbour's copy stream).  When
-// every tile of batch b is stored, the grid itself sets this device's LocalDoneFlag(i, c)
-// (SignalingEpilogue), and the copy stream, blocked on it with cuStreamWaitValue32, pushes the
-// rows to the right neighbour's receive slot i+1 and sets its f(i+1, c).  Slots, flags and
-// epochs as EnqueueRsCopyRing (its NOTE on parity carries over: a chunk is still pushed only
-// after this call's GEMM of it, and the call joins its copies before it completes).
-// NOTE: the copy stream's waits are enqueued after the grid: a blocked stream-memory wait can
-// hold up other streams that share its hardware queue, and the grid must not be one of them.
-template <class Sched>
-std::string EnqueueRsCopyRingFused(const Problem& p, int rank, PeerGroup& group,
-                                   const CallBuffers& b, const CallOptions& o,
-                                   cudaStream_t stream, uint32_t epoch, int chunks) {
-  DeviceState& me = group.dev(rank);
-  const int tp = p.tp;
-  DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
-  const MatrixView pv = p.PartialView();
-  GemmLaunch g = RsFusedLaunch(p, me, o, group.error(), rank, epoch, chunks);
-  FusedStages& f = g.fused;
-  GemmOperands first;
-  for (int i = 0; i < tp; ++i) {
-    for (int c = 0; c < chunks; ++c) {
-      const int s = i * chunks + c;
-      const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);
-      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), k);
-      if (!AddRsBatch(g, s, k.recv_rows, pv, &first)) {
-        return "fused copy ring: stage views differ in pitch";
-      }
-      if (i > 0) {
-        f.c_wait_flag[s] = RingFlags(me) + FlagIndex(i, c);
-        f.peer[s] = Sched::Source(rank, i, tp);
-      }
-      if (k.send != nullptr) f.done_flag[s] = me.flags + LocalDoneFlag(i, c);
-    }
-  }
-  FinishRsBatches(g, pv, epoch);
-  // The copy stream starts after what precedes the call on the main stream (fork), as the
-  // other paths' copies do.
-  if (cudaEventRecord(me.fork, stream) != cudaSuccess ||
-      cudaStreamWaitEvent(me.copy_stream, me.fork, 0) != cudaSuccess) {
-    return CudaFailure("fork copy stream");
-  }
-  if (std::string err = Launch(g, stream, 0); !err.empty()) return err;
-  for (int i = 0; i + 1 < tp && !o.skip_signals; ++i) {
-    for (int c = 0; c < chunks; ++c) {
-      cudaError_t e = StreamWaitValue32(me.copy_stream, me.flags + LocalDoneFlag(i, c), epoch);
-      if (e == cudaSuccess) {
-        const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);
-        e = PushCopyRingChunk(p, me, next, epoch, i, c, k);
-      }
-      if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
-    }
-  }
-  if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess ||
-      cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) {
-    return CudaFailure("join copy stream");
-  }
-  return "";
-}
-
 // ReduceScatter, kCopyRing (diagram at the top).  Stage i, chunk c (rows [lo, hi) of the
 // partial): D = my send slot i (out at the last stage), C = my receive slot i (i > 0, after
 // flag(i, c)); then the copy engine pushes those rows into the right neighbour's receive slot
@@ -703,9 +548,6 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
   const MatrixView pv = p.PartialView();
   const int chunks = RsChunks(p, o);
-  if (FusesCopyRing(p, o, chunks)) {
-    return EnqueueRsCopyRingFused<Sched>(p, rank, group, b, o, stream, epoch, chunks);
-  }
   for (int i = 0; i < tp; ++i) {
     for (int c = 0; c < chunks; ++c) {
       const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);
@@ -743,7 +585,7 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
 
 // ReduceScatter stage i of tile `tile`: A = my x rows (TilingA) or columns (TilingB) of that
 // tile, B = w's matching block, D = the running sum's slot `sum_slot` (pv), or out at the last
-// stage.  Shared by the fused and the stage-per-launch paths.
+// stage.
 void SetRsStageOperands(GemmOperands& o, const Problem& p, const CallBuffers& b, int tile,
                         bool last, void* sum_slot) {
   const MatrixView av = p.AView(tile), bv = p.BView(tile);
@@ -757,52 +599,33 @@ void SetRsStageOperands(GemmOperands& o, const Problem& p, const CallBuffers& b,
   }
 }
 
-// Whether a kRemoteC or kPush ReduceScatter runs as one fused grid (sm90_fused_gemm.cuh,
-// SignalingEpilogue): every stage has the same shape and pitches, one batch.
-bool FusesReduceScatter(const Problem& p, const CallOptions& o) {
-  if (o.rs_fused == kRsFusedOff || p.tp <= 1 || p.tp > kMaxFusedStages || p.batch != 1) {
-    return false;
-  }
-  return CanFuse(p.in_type, p.out_type);
-}
-
-// ReduceScatter, kRemoteC or kPush, all stages in one grid.  Stage i is batch i of a
-// ptr-array GEMM:
-//   kRemoteC  D = my slot i (out at the last), C = the left neighbour's slot i-1 (remote load)
-//   kPush     D = the right neighbour's slot i (remote TMA store), C = my slot i-1 (local)
-// with no C at stage 0 (beta 0).  The epilogue's C loads of stage i wait for flag(i); when
-// every tile of my stage i is stored (for kPush: landed in the neighbour's memory), the grid
-// itself sets the right neighbour's flag(i+1).  Same flags, slots and epochs as the
-// stage-per-launch paths below, so the ordering argument of peer_state.h carries over.
+// ReduceScatter, kRemoteC (diagram at the top).  Stage i: D = my slot i (out at the last
+// stage); for i > 0, C = the left neighbour's slot i-1, read over NVLink after flag(i), which
+// the neighbour's stage i launch sets once its stage i-1 is done.
 template <class Sched>
-std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                           const CallOptions& o, cudaStream_t stream, uint32_t epoch,
-                           bool push) {
+std::string EnqueueRsRemoteC(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
+                             const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
   DeviceState& prev = group.dev(Sched::Source(rank, 1, tp));
-  DeviceState& store_to = push ? next : me;     // where running sum i lives
-  DeviceState& load_from = push ? me : prev;
   const MatrixView pv = p.PartialView();
-  GemmLaunch g = RsFusedLaunch(p, me, o, group.error(), rank, epoch, /*chunks=*/1);
-  FusedStages& f = g.fused;
-  GemmOperands first;
   for (int i = 0; i < tp; ++i) {
     const bool last = i == tp - 1;
+    GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
     SetRsStageOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), last,
-                       last ? nullptr : Slot(store_to, p, epoch, i));
-    if (!AddRsBatch(g, i, i == 0 ? nullptr : Slot(load_from, p, epoch, i - 1), pv, &first)) {
-      return "fused ReduceScatter: stage views differ in pitch";
-    }
+                       last ? nullptr : Slot(me, p, epoch, i));
     if (i > 0) {
-      f.c_wait_flag[i] = RingFlags(me) + FlagIndex(i, 0);
-      f.peer[i] = Sched::Source(rank, i, tp);
+      SetC(g.ops, Slot(prev, p, epoch, i - 1), pv, 1.f);  // the left neighbour's running sum
+      SetWait(g.sync, RingFlags(me), i, 0, epoch, Sched::Source(rank, i, tp));
+      if (!o.skip_signals) {
+        g.sync.signal_flag = RingFlags(next) + FlagIndex(i, 0);  // my stage i-1 output is done
+        g.sync.signal_epoch = epoch;
+      }
     }
-    if (!last && !o.skip_signals) f.done_flag[i] = RingFlags(next) + FlagIndex(i + 1, 0);
+    if (std::string err = Launch(g, stream, i); !err.empty()) return err;
   }
-  FinishRsBatches(g, pv, epoch);
-  return Launch(g, stream, 0);
+  return "";
 }
 
 // ReduceScatter TilingA by gathering operands (kGather; the index math and its diagram are
@@ -812,27 +635,14 @@ std::string EnqueueRsFused(const Problem& p, int rank, PeerGroup& group, const C
 // (its own at stage 0, else slot i-1 after flag(i)); C = running sum i-1 (beta 1; stage 0:
 // the caller's C, beta); D = running sum i, or out at the last stage.  Bytes per peer: sm*xk +
 // wk*wn against the ring's sm*sn per stage, the same at RS 8192,4096,4096 (TP=2), but they
-// travel from the call's start, as an AllGather's shard does, instead of behind a stage
-// (docs/design.md).  Slots, flags and epochs as the AllGather path: a push of call e into
+// travel from the call's start, as an AllGather's shard does, instead of behind a stage.
+// Slots, flags and epochs as the AllGather path: a push of call e into
 // parity e%2 needs the target to have started call e-1 (its stage 1 of call e-1 waited for
 // this device's push of e-1), so its reads of call e-2 are done.  The running sums are local.
 // NOTE: D is never C, so the tuner's trial launches (which scribble on D) cannot spoil a
 // stage's input.
-//
-// Stage launches by default: stage i reads the sum stage i-1 wrote, so no launch overlaps the
-// previous one.  With JAX_DISTGEMM_RS_FUSED=1, one grid (the fused kernel with C): batch i's
-// mainloop waits for flag(i) (FlagWaitMainloop, as the AllGather grid), its epilogue's C for
-// the grid's own LocalDoneFlag(i-1), set once every tile of batch i-1 is stored (the fused
-// copy ring's completion count):
-//
-//   grid (SMs) : [s0 tiles] [s1 tiles: mainloop waits flag(1) | epilogue C waits done(0)] ...
-//                         |done(0)
-//   copy stream: push x rows, w -> right.flag(1)=e  (from the call's start)
+// Stage i reads the sum stage i-1 wrote, so no launch overlaps the previous one.
 using RsGatherIndex = ReduceScatter1D_TilingA_Gather;
-
-bool FusesRsGather(const Problem& p, const CallOptions& o) {
-  return o.rs_fused != kRsFusedOff && p.tp <= kMaxFusedStages && CanFuse(p.in_type, p.out_type);
-}
 
 template <class Sched>
 std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
@@ -887,40 +697,16 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
       SetD(ops, GatherSum(me, p, epoch, i), pv);
     }
   };
-  if (FusesRsGather(p, o)) {
-    GemmLaunch grid = RsFusedLaunch(p, me, o, group.error(), rank, epoch, /*chunks=*/1);
-    FusedStages& f = grid.fused;
-    GemmOperands first;
-    for (int i = 0; i < tp; ++i) {
-      set_stage(grid.ops, i);
-      if (!AddRsBatch(grid, i, i == 0 ? nullptr : GatherSum(me, p, epoch, i - 1), pv, &first)) {
-        return "fused gather: stage views differ";
-      }
-      if (i == 0 && b.c != nullptr) {  // the caller's C, once (its rows are out's: ld sn)
-        f.c[0] = At(b.c, ov.offset, p.out_type);
-        f.beta[0] = p.beta;
-      }
-      if (i > 0) {
-        f.wait_flag[i] = me.flags + FlagIndex(i, 0);
-        f.c_wait_flag[i] = me.flags + LocalDoneFlag(i - 1, 0);
-        f.peer[i] = RsGatherIndex::Source(rank, i, tp);
-      }
-      if (i < tp - 1) f.done_flag[i] = me.flags + LocalDoneFlag(i, 0);
+  for (int i = 0; i < tp; ++i) {
+    GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
+    set_stage(g.ops, i);
+    if (i == 0) {
+      if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
+    } else {
+      SetC(g.ops, GatherSum(me, p, epoch, i - 1), pv, 1.f);
+      SetWait(g.sync, me.flags, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
     }
-    FinishRsBatches(grid, pv, epoch);
-    if (std::string err = Launch(grid, stream, 0); !err.empty()) return err;
-  } else {
-    for (int i = 0; i < tp; ++i) {
-      GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-      set_stage(g.ops, i);
-      if (i == 0) {
-        if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
-      } else {
-        SetC(g.ops, GatherSum(me, p, epoch, i - 1), pv, 1.f);
-        SetWait(g.sync, me.flags, i, 0, epoch, RsGatherIndex::Source(rank, i, tp));
-      }
-      if (std::string err = Launch(g, stream, i); !err.empty()) return err;
-    }
+    if (std::string err = Launch(g, stream, i); !err.empty()) return err;
   }
   // XLA may reuse x and w once we return: the pushes that read them must be done by then.
   if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
@@ -935,81 +721,18 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
   group.dev(rank).last_rs_path = path;
   if (path == kRsGather) return EnqueueRsGather<Sched>(p, rank, group, b, o, stream, epoch);
   if (path == kRsCopyRing) return EnqueueRsCopyRing<Sched>(p, rank, group, b, o, stream, epoch);
-  if ((path == kRsRemoteC || path == kRsPush) && FusesReduceScatter(p, o)) {
-    return EnqueueRsFused<Sched>(p, rank, group, b, o, stream, epoch, path == kRsPush);
-  }
-  DeviceState& me = group.dev(rank);
-  const int tp = p.tp;
-  DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
-  DeviceState& prev = group.dev(Sched::Source(rank, 1, tp));
-  // Where running sum i lives: the producer's slot (remote C, copy-add) or the consumer's.
-  DeviceState& store_to = path == kRsPush ? next : me;
-  DeviceState& load_from = path == kRsPush ? me : prev;
-  const MatrixView pv = p.PartialView();
-  for (int i = 0; i < tp; ++i) {
-    const bool last = i == tp - 1;
-    GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-    SetRsStageOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), last,
-                       last ? nullptr : Slot(store_to, p, epoch, i));
-    if (i > 0 && path != kRsCopyAdd) {
-      SetC(g.ops, Slot(load_from, p, epoch, i - 1), pv, 1.f);  // the left neighbour's running sum
-      SetWait(g.sync, RingFlags(me), i, 0, epoch, Sched::Source(rank, i, tp));
-      if (!o.skip_signals) {
-        g.sync.signal_flag = RingFlags(next) + FlagIndex(i, 0);  // my stage i-1 output is done
-        g.sync.signal_epoch = epoch;
-      }
-    }
-    if (std::string err = Launch(g, stream, i); !err.empty()) return err;
-    if (path == kRsCopyAdd && i == 0) {
-      // Send the finished partial while stage 1 computes: slot 0 -> right's recv slot 1.
-      if (cudaEventRecord(me.stage_done, stream) != cudaSuccess ||
-          cudaStreamWaitEvent(me.copy_stream, me.stage_done, 0) != cudaSuccess) {
-        return CudaFailure("fork copy stream");
-      }
-      if (!o.skip_signals) {
-        cudaError_t e = cudaMemcpyAsync(Slot(next, p, epoch, 1), Slot(me, p, epoch, 0),
-                                        p.PartialElems() * ElemSize(p.out_type),
-                                        cudaMemcpyDeviceToDevice, me.copy_stream);
-        if (e == cudaSuccess) {
-          e = StreamWriteValue32(me.copy_stream, RingFlags(next) + FlagIndex(1, 0), epoch);
-        }
-        if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
-      }
-      if (cudaEventRecord(me.join, me.copy_stream) != cudaSuccess) {
-        return CudaFailure("join copy stream");
-      }
-    }
-  }
-  if (path == kRsCopyAdd) {
-    StageSync sync;
-    sync.timeout_ns = static_cast<uint64_t>(o.timeout_ms) * 1000000ull;
-    sync.error = group.error();
-    sync.rank = rank;
-    SetWait(sync, RingFlags(me), 1, 0, epoch, Sched::Source(rank, 1, tp));
-    if (std::string err = LaunchAddInPlace(p.out_type, b.out, Slot(me, p, epoch, 1),
-                                           p.OutElems(), sync, me.sm_count, stream);
-        !err.empty()) {
-      return err;
-    }
-    if (cudaStreamWaitEvent(stream, me.join, 0) != cudaSuccess) return CudaFailure("join");
-  }
-  return "";
+  return EnqueueRsRemoteC<Sched>(p, rank, group, b, o, stream, epoch);
 }
 
 }  // namespace
 
 // Slots per parity.  AllGather: TP-1, one per stage that receives.  ReduceScatter, by path:
-// kRemoteC and kPush TP-1 (slots 0..TP-2), kCopyAdd (TP=2) 2 (0: local partial, 1: received),
-// kCopyRing 2*(TP-1) (send slots 0..TP-2, receive slots TP-1..2*TP-3: RsSendSlot / RsRecvSlot).
-// kGather lays out its own (GatherParityBytes).
+// kRemoteC TP-1 (slots 0..TP-2), kCopyRing 2*(TP-1) (send slots 0..TP-2, receive slots
+// TP-1..2*TP-3: RsSendSlot / RsRecvSlot).  kGather lays out its own (GatherParityBytes).
 // The workspace only grows, so after a path change it may hold more than this call needs.
 int SlotsPerParity(const Problem& p, const CallOptions& o) {
   if (IsAllGather(p.schedule)) return p.tp - 1;
-  switch (ChooseRsPath(p, o)) {
-    case kRsCopyAdd: return 2;
-    case kRsCopyRing: return 2 * (p.tp - 1);
-    default: return p.tp - 1;
-  }
+  return ChooseRsPath(p, o) == kRsCopyRing ? 2 * (p.tp - 1) : p.tp - 1;
 }
 
 size_t WorkspaceBytes(const Problem& p, const CallOptions& o) {

@@ -49,30 +49,17 @@ struct CallOptions {
   // (FusedStages::exit_wait_flag) instead of the main stream waiting on an event of the copy
   // stream.  JAX_DISTGEMM_AG_JOIN=event (read per call) restores the event.
   bool ag_kernel_join = true;
-  // ReduceScatter as one grid: JAX_DISTGEMM_RS_FUSED=1 runs kRemoteC and kPush as one grid
-  // (EnqueueRsFused, executor.cc) where a fused kernel is compiled for the types, TP <= 8 and
-  // the call has one batch, and kCopyRing likewise (EnqueueRsCopyRingFused) where TP x chunks
-  // <= 8 and the chunks are equal; =all also takes fused remote C where the automatic path
-  // would be kCopyRing (stage k <= 2048).  Default (unset or 0): one launch per stage or chunk,
-  // which was as fast or faster at most suite shapes in three runs on 2x H200
-  // (docs/performance.md, K7c, L1, L4).  Read per call.
-  int rs_fused = 0;
 };
 
-// ReduceScatter data paths.  kRemoteC: the running sum stays in its producer's slot and the
-// consumer's epilogue reads it over NVLink as C (CUTLASS's RemoteC).  kPush: the producer's
-// epilogue stores it into the consumer's slot (remote TMA store).  kCopyAdd (TP=2): each stage
-// writes locally, the copy engine moves the partial while the next stage computes, and a final
-// add kernel combines: the bytes overlap a whole stage, at the price of one elementwise pass.
-// kCopyRing (any TP): each stage writes its running sum locally, in row chunks; after each
+// ReduceScatter data paths (ChooseRsPath, executor.cc).  kRemoteC: the running sum stays in
+// its producer's slot and the consumer's epilogue reads it over NVLink as C (CUTLASS's
+// RemoteC).  kCopyRing: each stage writes its running sum locally, in row chunks; after each
 // chunk the copy engine pushes it into the right neighbour's local receive slot and sets its
-// flag, and the neighbour's matching chunk GEMM reads it locally as C: no SM touches NVLink and
-// there is no add pass.  The default where the stage's k <= 2048 (ChooseRsPath, executor.cc),
-// unless kGather is.  kGather (TilingA, one batch; asked for, or the default where it moves no
-// more bytes than the ring, RsGatherChosen in problem.h): no running sum travels; at the
+// flag, and the neighbour's matching chunk GEMM reads it locally as C: no SM touches NVLink.
+// kGather (TilingA, one batch; RsGatherChosen in problem.h): no running sum travels; at the
 // call's start every device pushes each peer the x rows and the w shard it needs to sum its
-// own output rows over every K shard (EnqueueRsGather, executor.cc).  The RsPath and RsFused
-// enums and their environment names are cc/common/rs_path.h's, shared with the CPU executor.
+// own output rows over every K shard (EnqueueRsGather, executor.cc).  The RsPath enum and its
+// names are cc/common/rs_path.h's, shared with the CPU executor.
 
 // Symmetric workspace bytes one device needs for `p` (double-buffered slots) with the data path
 // `options` select (executor.cc, SlotsPerParity).

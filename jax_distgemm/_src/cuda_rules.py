@@ -35,18 +35,15 @@ def rs_path(schedule: Schedule, tp: int, batch: int, w_batched: bool, sm: int, s
   """The ReduceScatter path the CUDA executor takes for a stage GEMM of (sm, sk, sn), from the
   environment it reads per call (cc/cuda/executor.cc, ChooseRsPath; keep the two alike)."""
   path = os.environ.get("JAX_DISTGEMM_RS_PATH", "")
-  fused_all = os.environ.get("JAX_DISTGEMM_RS_FUSED") == "all"
   gather_applies = (schedule == Schedule.ReduceScatter1D_TilingA_RotatingC and tp > 1 and
                     batch == 1 and not w_batched)
-  if path in ("remote_c", "push", "copy_ring"):
+  if path in ("remote_c", "copy_ring"):
     return path
-  if path == "copy_add":
-    return "copy_add" if tp == 2 else "remote_c"
   if path == "gather" and gather_applies:
     return "gather"
-  if path != "gather" and not fused_all and gather_applies and sk * (sm + sn) <= sm * sn:
+  if path != "gather" and gather_applies and sk * (sm + sn) <= sm * sn:
     return "gather"  # the operands are no more bytes than a running sum (problem.h)
-  return "copy_ring" if sk <= 2048 and not fused_all else "remote_c"
+  return "copy_ring" if sk <= 2048 else "remote_c"
 
 
 def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
@@ -58,7 +55,7 @@ def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
   AllGather: TP-1 slots, each one shard of the rotating operand (x for RotatingA, w for
   RotatingB), input dtype;
   ReduceScatter (rs_path): slots of one running sum of the output tile, in the output dtype
-  (default: input): TP-1 (remote C, push), 2 (copy-add), 2 (TP-1) (copy ring); or, gathering,
+  (default: input): TP-1 (remote C), 2 (TP-1) (copy ring); or, gathering,
   TP-1 x (x's rows of the block and w, input dtype, plus one running sum).
   Shapes are the per-device (local) operand shapes.
   """
@@ -79,7 +76,7 @@ def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
   if path == "gather":
     operands = _round_up(sm * xk * isz) + _round_up(math.prod(w_shape) * isz)
     return 2 * (tp - 1) * (operands + running_sum)
-  slots = {"copy_add": 2, "copy_ring": 2 * (tp - 1)}.get(path, tp - 1)
+  slots = 2 * (tp - 1) if path == "copy_ring" else tp - 1
   return 2 * slots * running_sum
 
 
