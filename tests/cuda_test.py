@@ -118,25 +118,30 @@ class CudaCorrectnessTest(parameterized.TestCase):
       self.assertEqual(counts["all-gather"] + counts["reduce-scatter"], 0, schedule.name)
 
 
+# AllGather paths the executor chooses by itself (executor.cc), by global (M, K, N) at TP=2:
+# the fused grid with the shard in one piece (256 rows or columns per device) or in two chunks
+# (AgChunks: 512 per device, a stage n or m of 512), and stage launches (fp16, for which no
+# fused kernel is built; a batch).
+AG_PATHS = {
+    "fused": {"extent": 512, "batch": (), "dtype": jnp.bfloat16},
+    "fused_chunks2": {"extent": 1024, "batch": (), "dtype": jnp.bfloat16},
+    "stages": {"extent": 1024, "batch": (), "dtype": jnp.float16},
+    "batched": {"extent": 1024, "batch": (3,), "dtype": jnp.bfloat16},
+}
+
+
 class CudaGatheredOperandTest(parameterized.TestCase):
   """return_gathered=True on CUDA: the copy stream copies each received slot into the second
   result (executor.cc, CopyGathered) on the fused grid, chunked, the stage launches and batched
   calls; the ReduceScatter backward then runs no XLA all-gather."""
 
-  def tearDown(self):
-    ffi_modules.module_for("cuda").set_fused_stages(True)
-    os.environ.pop("JAX_DISTGEMM_AG_CHUNKS", None)
-    super().tearDown()
-
   @parameterized.product(
       schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
-      path=["fused", "fused_chunks2", "stages", "batched"])
+      path=list(AG_PATHS))
   def test_gathered_equals_the_operand(self, schedule, path):
-    ffi_modules.module_for("cuda").set_fused_stages(path != "stages")
-    if path == "fused_chunks2":
-      os.environ["JAX_DISTGEMM_AG_CHUNKS"] = "2"
-    batch = (3,) if path == "batched" else ()
-    m, k, n = 1024, 512, 1024
+    batch, dtype, extent = (AG_PATHS[path][k] for k in ("batch", "dtype", "extent"))
+    rot_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
+    m, k, n = (extent, 512, 1024) if rot_a else (1024, 512, extent)
     mesh = gpu_mesh()
     x_spec, w_spec, out_spec = test_util.specs(schedule, len(batch))
 
@@ -149,11 +154,12 @@ class CudaGatheredOperandTest(parameterized.TestCase):
                               out_specs=(out_spec, P("tp"))))
     for call in range(3):  # fresh data each call; calls 0 and 2 share a slot parity
       x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, path, call), batch + (m, k),
-                                        (k, n), jnp.bfloat16)
+                                        (k, n), dtype)
       args, _ = place_global(schedule, x, w)
       out, g = f(*args)
-      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-2, f"call {call}")
-      operand = np.asarray(x if schedule == Schedule.AllGather1D_TilingCD_RotatingA else w)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)),
+                      test_util.REL_TOL[jnp.dtype(dtype)], f"call {call}")
+      operand = np.asarray(x if rot_a else w)
       for d in range(TP):
         np.testing.assert_array_equal(np.asarray(g[d]), operand, f"call {call}, device {d}")
 
@@ -304,27 +310,23 @@ def tuned_lines_of_three_calls(test, schedule, x, w, c=None, *, alpha=1.0, beta=
   return tuned
 
 
-class CudaFusedStagesTest(parameterized.TestCase):
-  """AllGather runs all stages in one fused grid by default; the stage path stays available."""
-
-  def tearDown(self):
-    ffi_modules.module_for("cuda").set_fused_stages(True)
-    super().tearDown()
+class CudaAllGatherPathsTest(parameterized.TestCase):
+  """AllGather runs all stages in one fused grid where a fused kernel is built (bfloat16) and
+  the call has one batch, else one launch per stage."""
 
   @parameterized.product(
       schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
-      fused=[True, False], with_c=[False, True], shape=["square", "tall"])
-  def test_fused_and_stage_paths_match_reference(self, schedule, fused, with_c, shape):
-    module = ffi_modules.module_for("cuda")
-    module.set_fused_stages(fused)
+      dtype=["bf16", "fp16"], with_c=[False, True], shape=["square", "tall"])
+  def test_fused_and_stage_paths_match_reference(self, schedule, dtype, with_c, shape):
+    fused = dtype == "bf16"  # no fused kernel is built for float16
+    dt = test_util.DTYPES[dtype]
     m, k, n = SHAPES[shape]
     # A shape per case, so that each case tunes (and so lists) its own launches.
     variant = 4 * (schedule == Schedule.AllGather1D_TilingCD_RotatingB) + 2 * with_c + fused
     m += 16 * TP * variant
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, fused, with_c), (m, k), (k, n),
-                                      jnp.bfloat16)
-    c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), jnp.bfloat16)
-         if with_c else None)
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, dtype, with_c), (m, k), (k, n),
+                                      dt)
+    c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), dt) if with_c else None)
     alpha, beta = (0.5, -0.75) if with_c else (1.0, 0.0)
     # The path taken shows in the tuning table: fused launches are tuned as such.
     tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
@@ -332,41 +334,20 @@ class CudaFusedStagesTest(parameterized.TestCase):
 
   @parameterized.product(
       schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
-      chunks=[2, 4], extent=[1024, 640])
-  def test_chunked_shard_in_the_fused_grid(self, schedule, chunks, extent):
-    """JAX_DISTGEMM_AG_CHUNKS (read per call): the shard travels in chunks with a flag each, and
-    each tile of the fused grid waits only for the chunk it reads.  Chunks are whole 256s where
-    they can be: 1024 rows or columns in 2 or 4; 640 in 2 of 384 and 256 either way, so that
-    256-row tiles straddle the boundary."""
-    os.environ["JAX_DISTGEMM_AG_CHUNKS"] = str(chunks)
+      extent=[1024, 640])
+  def test_chunked_shard_in_the_fused_grid(self, schedule, extent):
+    """Where the push lasts about as long as stage 0 (a small stage n or m), the shard travels
+    in two chunks with a flag each, and each tile of the fused grid waits only for the chunk it
+    reads (executor.cc, AgChunks).  1024 rows or columns per device split into 512 + 512, 640
+    into 384 + 256, so that 256-row tiles straddle the boundary."""
     rot_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
-    m, k, n = (extent * TP, 512, 768) if rot_a else (512, 512, extent * TP)
+    m, k, n = (extent * TP, 512, 768) if rot_a else (768, 512, extent * TP)
     # A shape per case, so that each case tunes (and so lists) its own launches.
-    k += 64 * (4 * (not rot_a) + 2 * (chunks == 4) + (extent == 640))
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, chunks, extent), (m, k), (k, n),
+    k += 64 * (2 * (not rot_a) + (extent == 640))
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, extent), (m, k), (k, n),
                                       jnp.bfloat16)
-    try:
-      tuned = tuned_lines_of_three_calls(self, schedule, x, w)
-    finally:
-      os.environ.pop("JAX_DISTGEMM_AG_CHUNKS", None)
+    tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
-
-  def test_event_join_matches_reference(self):
-    """JAX_DISTGEMM_AG_JOIN=event (read per call): the main stream joins the copy stream with
-    an event instead of the fused grid waiting for its own pushes; calls alternate the two."""
-    schedule = Schedule.AllGather1D_TilingCD_RotatingA
-    x, w, _ = test_util.random_inputs(77, (768, 512), (512, 1024), jnp.bfloat16)
-    ref = test_util.reference_np(x, w)
-    f, args = run_global(schedule, x, w)
-    try:
-      for rep in range(6):
-        if rep % 2:
-          os.environ["JAX_DISTGEMM_AG_JOIN"] = "event"
-        else:
-          os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
-        self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
-    finally:
-      os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
 
 
 class CudaCallTrialTest(absltest.TestCase):

@@ -47,6 +47,7 @@
 
 #include "cc/common/problem.h"
 #include "cc/common/rs_path.h"
+#include "cc/cuda/copy_stream.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
 
@@ -665,12 +666,9 @@ int64_t Arg(int argc, char** argv, const char* name, int64_t def) {
 
 int main(int argc, char** argv) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  // NOTE: no copy-stream probe (copy_stream.h).  Its blocked wait deadlocked the first runs at
-  // TP >= 4: another rank's setup on the same GPU (cudaDeviceSynchronize) waited on the blocked
-  // stream while this rank's probe could not get to open it.  It only compares a rank's copy
-  // stream with its own main stream anyway; here each case's 2 TP streams take distinct
-  // hardware queues (RunCase).
-  setenv("JAX_DISTGEMM_COPY_STREAM", "unchecked", 0);
+  // NOTE: no copy-stream probe (copy_stream.h): its blocked wait can deadlock ranks that share
+  // one GPU, and here each rank's streams take distinct hardware queues anyway.
+  jc::SetCopyStreamMode(jc::CopyStreamMode::kUnchecked);
   // One fixed kernel: the tuner would time candidates on a GPU the other ranks share.
   setenv("JAX_DISTGEMM_GEMM_CONFIG", "0:1:1", 0);
   const int tp = int(Arg(argc, argv, "--tp", 4));

@@ -108,8 +108,7 @@ NB_MODULE(_distgemm_cuda, m) {
   m.def("copy_stream_reports", &jax_distgemm::cuda::CopyStreamReports,
         "(ordinal, candidates, independent, note, group, rank) per initialized device of each "
         "peer group: how many streams were tried for its copy stream and whether a blocked wait "
-        "on the kept one leaves XLA's compute stream free (1 yes, 0 no, -1 not probed; "
-        "JAX_DISTGEMM_COPY_STREAM=plain keeps the first, =unchecked keeps it unprobed); group: "
+        "on the kept one leaves XLA's compute stream free (1 yes, 0 no, -1 not probed); group: "
         "the members' local ordinals in rank order (-1: another process's), rank: this "
         "device's.");
   m.def("last_rs_paths", &jax_distgemm::cuda::LastRsPaths,
@@ -132,7 +131,4 @@ NB_MODULE(_distgemm_cuda, m) {
   });
   m.def("set_sync_check", &jax_distgemm::cuda::SetSyncCheck,
         "Synchronize after every call so that a timed-out wait fails that same call.");
-  m.def("set_fused_stages", &jax_distgemm::cuda::SetFuseStages,
-        "AllGather: run all stages of a call in one fused grid (default: on, unless "
-        "JAX_DISTGEMM_AG_FUSED=0) or one GEMM per stage.");
 }

@@ -22,22 +22,12 @@ namespace {
 std::atomic<int> g_fault_device{-1};
 std::atomic<int> g_fault_kind{0};  // SetCudaFaultDevice
 std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
-std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
 
 bool SyncCheck() {
   int v = g_sync_check.load();
   if (v < 0) {
     v = EnvFlag("JAX_DISTGEMM_SYNC_CHECK") ? 1 : 0;
     g_sync_check.store(v);
-  }
-  return v == 1;
-}
-
-bool FuseStages() {  // on unless JAX_DISTGEMM_AG_FUSED=0 or set_fused_stages(False)
-  int v = g_fuse_stages.load();
-  if (v < 0) {
-    v = EnvEquals("JAX_DISTGEMM_AG_FUSED", "0") ? 0 : 1;
-    g_fuse_stages.store(v);
   }
   return v == 1;
 }
@@ -108,19 +98,8 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.skip_signals = fault_kind == 0;
   options.skip_push_done = fault_kind == 1;
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
-  const int rs_path = RsPathFromEnv();  // read per call, as JAX_DISTGEMM_RS_FUSED
-  const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");  // read per call
   options.poison_output = poison;
-  options.rs_path = rs_path;
-  options.ag_chunks = ag_chunks;
-  // copy_ring's chunks (0: default); read per call, so that a benchmark can compare them.
-  if (const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS"); rs_chunks > 0) {
-    options.rs_chunks = rs_chunks;
-  }
-  static const bool no_overlap = EnvEquals("JAX_DISTGEMM_STAGE_OVERLAP", "0");
-  options.overlap_stages = !no_overlap;
-  options.fuse_stages = FuseStages();
-  options.ag_kernel_join = !EnvEquals("JAX_DISTGEMM_AG_JOIN", "event");  // read per call
+  options.rs_path = RsPathFromEnv();  // read per call
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
                                            timeout_ms);
       !err.empty()) {
@@ -159,7 +138,6 @@ void SetCudaFaultDevice(int ordinal, int kind) {
   g_fault_device.store(ordinal);
 }
 void SetSyncCheck(bool on) { g_sync_check.store(on ? 1 : 0); }
-void SetFuseStages(bool on) { g_fuse_stages.store(on ? 1 : 0); }
 
 std::string ResetAll() {
   for (PeerGroup* g : AllPeerGroups()) {

@@ -10,16 +10,15 @@
 //   shard into every peer's slot (the peer that needs it soonest first).  With a gathered
 //   result (CallBuffers::gathered) the copy stream then copies the own shard into it, and
 //   each slot i-1 once stage i's GEMM has marked its wait done (SeenMark): local copies
-//   under the stages, before the join.  Optionally
-//   (JAX_DISTGEMM_AG_CHUNKS) the shard travels in chunks, each with its own flag: in the fused
-//   grid each tile of stage i waits only for the chunk it reads; with stage launches
-//   (JAX_DISTGEMM_AG_FUSED=0) stage i runs one GEMM per chunk.
+//   under the stages, before the join.  The shard may travel in chunks, each with its own flag
+//   (AgChunks): in the fused grid each tile of stage i waits only for the chunk it reads; with
+//   stage launches stage i runs one GEMM per chunk.
 //
 // ReduceScatter (ring; the running sum of stage i feeds the right neighbour's stage i+1):
 //
 //   kRemoteC  stage i: signal right.flag(i) (my stage i-1 is done) | wait flag(i) |
 //             C = left's slot i-1 (remote read), D = my slot i (out at the last)
-//   kCopyRing each stage split into row chunks c (CallOptions::rs_chunks, default 2):
+//   kCopyRing each stage split into row chunks c (kRsChunks):
 //             stage i chunk c: wait flag(i,c) (i > 0) | C = my recv slot i, rows c (i > 0) |
 //             D = my send slot i, rows c (out at the last); then, if i < TP-1, copy engine:
 //             send slot i rows c -> right's recv slot i+1 rows c, right.flag(i+1,c)=e
@@ -164,17 +163,11 @@ int NonEmptyChunks(int64_t extent, int want) {
   return n;
 }
 
-// Chunks the rotating shard travels in (JAX_DISTGEMM_AG_CHUNKS overrides).  Stage launches
-// (`fused` false): 1; splitting stage i into per-chunk GEMMs cost more than the earlier start
-// gained (docs/performance.md, 2026-11-30).  Fused grid: 2 where the push lasts about as long
-// as stage 0, so that tiles of the shard's first half need not wait for the second.  The
-// nominal ratio is (shard bytes / 395 GB/s) / (stage flops / ~650 TFLOP/s) = ~1650 / (the
-// stage's n for RotatingA, m for RotatingB), and under the GEMM's load the copy ran ~35%
-// slower (performance.md, K7: the 32 MB shard of AG 8192,4096,4096 landed ~111 us in, not 85),
-// so CTAs wait for the shard from a nominal ratio of ~0.7 on: two chunks from 0.6.  Suite
-// shapes: 0.80 at AG 8192,4096,4096 (there CTAs idled 4-8 us for the shard, L3; two chunks read
-// +0.8 and +1.2 points in two sweeps, L4), 0.40 at 4096,8192,8192 and 2048,8192,8192 (the shard
-// lands before stage 0 is half done; two chunks read -0.5 to +1.4, noise), 0.11 and 0.03 above.
+// Chunks the rotating shard travels in (CallOptions::ag_chunks overrides).  Stage launches
+// (`fused` false): 1; splitting a stage into per-chunk GEMMs costs more than the earlier start
+// gains.  Fused grid: 2 where the push lasts about as long as stage 0, so that tiles of the
+// shard's first half need not wait for the second: the ratio of push to stage time is about
+// 1650 / (the stage's n for RotatingA, m for RotatingB), and from 0.6 on CTAs wait for it.
 int AgChunks(const Problem& p, const CallOptions& o, bool fused) {
   const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
   // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
@@ -190,12 +183,14 @@ int AgChunks(const Problem& p, const CallOptions& o, bool fused) {
   return NonEmptyChunks(extent, static_cast<int>(std::clamp<int64_t>(extent / 256, 1, want)));
 }
 
-// kCopyRing: row chunks per stage (rows of the partial, i.e. of A and of D).  Whole multiples of
-// 128 rows except the last, no empty chunk, at most kMaxChunks (one flag each).
-int RsChunks(const Problem& p, const CallOptions& o) {
+// kCopyRing: row chunks per stage (rows of the partial, i.e. of A and of D), so that the push
+// of one chunk overlaps the next one's GEMM.  Whole multiples of 128 rows except the last, no
+// empty chunk, at most kMaxChunks (one flag each).
+constexpr int kRsChunks = 2;
+static_assert(kRsChunks <= kMaxChunks);
+int RsChunks(const Problem& p) {
   if (p.tp == 1) return 1;
-  const int want = static_cast<int>(
-      std::clamp<int64_t>(p.sm() / 128, 1, std::clamp(o.rs_chunks, 1, kMaxChunks)));
+  const int want = static_cast<int>(std::clamp<int64_t>(p.sm() / 128, 1, kRsChunks));
   return NonEmptyChunks(p.sm(), want);
 }
 
@@ -386,7 +381,7 @@ std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const
   // How the main stream learns that the copy stream's work (the pushes, which read the
   // caller's shard, and any gathered copies) is done: the fused grid waits for kPushDoneFlag
   // before it completes, or an event join at the end (both enqueued below, after the GEMMs).
-  const bool kernel_join = fused && o.ag_kernel_join;
+  const bool kernel_join = fused;
 
   if (fused) {
     // All stages in one grid: stage i is batch i of a ptr-array GEMM and waits for its flag in
@@ -547,7 +542,7 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
   const MatrixView pv = p.PartialView();
-  const int chunks = RsChunks(p, o);
+  const int chunks = RsChunks(p);
   for (int i = 0; i < tp; ++i) {
     for (int c = 0; c < chunks; ++c) {
       const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);

@@ -24,31 +24,25 @@ struct CallBuffers {
   void* gathered = nullptr;
 };
 
+// How a call runs.  The handler takes the defaults except for rs_path (the call's attribute);
+// tests and tests/cuda/virtual_group_check.cu force the others.
 struct CallOptions {
   int64_t timeout_ms = 30000;
   bool skip_signals = false;  // fault injection (tests): never deliver to peers
   bool skip_push_done = false;  // fault injection (tests): never mark own pushes done
   bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
-  // Overrides of the per-shape choices (executor.cc, ChooseRsPath / AgChunks); from the
-  // environment (JAX_DISTGEMM_RS_PATH, JAX_DISTGEMM_AG_CHUNKS), 0 / empty = automatic.
-  int rs_path = 0;
+  // Overrides of the per-shape choices (executor.cc, ChooseRsPath / AgChunks); 0 = automatic.
+  int rs_path = 0;  // RsPath
   int ag_chunks = 0;
-  // kRsCopyRing only: row chunks per stage (clamped to [1, kMaxChunks], at most one per 128
-  // rows); JAX_DISTGEMM_RS_CHUNKS (read per call) overrides the default.
-  int rs_chunks = 2;
   // Later launches of a call that read nothing the launch before them writes start their GEMM
-  // as soon as they are resident (StageSync::overlap_previous); JAX_DISTGEMM_STAGE_OVERLAP=0
-  // makes every launch wait for the previous one to finish first.
+  // as soon as they are resident (StageSync::overlap_previous); false makes every launch wait
+  // for the previous one to finish first.
   bool overlap_stages = true;
-  // AllGather: all stages of a call in one persistent grid (sm90_fused_gemm.cuh) where a fused
-  // kernel is compiled for the types (and for the config JAX_DISTGEMM_GEMM_CONFIG forces, if
-  // any), the call has one batch and 1 < TP <= 8 (the shard may arrive in chunks: AgChunks);
-  // JAX_DISTGEMM_AG_FUSED=0 (or set_fused_stages(False)) launches one GEMM per stage.
+  // AllGather: all stages of a call in one persistent grid (sm90_fused_gemm.cuh), which waits
+  // for this device's own pushes before it completes, where a fused kernel is compiled for the
+  // types (and for the config JAX_DISTGEMM_GEMM_CONFIG forces, if any), the call has one batch
+  // and 1 < TP <= 8; false: one GEMM per stage, joined to the copy stream by an event.
   bool fuse_stages = true;
-  // AllGather, fused: the grid itself waits for this device's pushes before it completes
-  // (FusedStages::exit_wait_flag) instead of the main stream waiting on an event of the copy
-  // stream.  JAX_DISTGEMM_AG_JOIN=event (read per call) restores the event.
-  bool ag_kernel_join = true;
 };
 
 // ReduceScatter data paths (ChooseRsPath, executor.cc).  kRemoteC: the running sum stays in

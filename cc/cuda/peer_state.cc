@@ -63,7 +63,7 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   }
   JDG_RETURN_IF_CUDA_ERROR(
       cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.ordinal));
-  if (std::string err = CreateCopyStream(stream, CopyStreamModeFromEnv(), &d.copy_stream,
+  if (std::string err = CreateCopyStream(stream, GetCopyStreamMode(), &d.copy_stream,
                                          &d.copy_stream_report);
       !err.empty()) {
     return err;

@@ -222,8 +222,7 @@ def copy_stream_reports() -> list[dict]:
 
   A copy stream that shares XLA's compute stream's hardware queue holds up the compute stream
   whenever it waits (cc/cuda/copy_stream.h); the executor probes candidates and keeps one that
-  does not (`independent` 1), unless JAX_DISTGEMM_COPY_STREAM=plain (the first stream, still
-  checked) or =unchecked (the first stream, not checked: `independent` -1).
+  does not (`independent` 1; -1 where it could not probe).
   """
   module = ffi_modules.module_for("cuda")
   if module is None or not hasattr(module, "copy_stream_reports"):
