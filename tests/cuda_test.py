@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 
 import test_util  # noqa: E402,I001  (fake CPU devices, poisoned outputs, before JAX starts)
@@ -348,72 +347,6 @@ class CudaAllGatherPathsTest(parameterized.TestCase):
                                       jnp.bfloat16)
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
-
-
-class CudaCallTrialTest(absltest.TestCase):
-  """A fused AllGather grid of >= 20 ms per launch: once tuned, its next calls alternate between
-  the tuner's choice and the cluster-less Cooperative 128x256 tile, timed in the call, and the
-  faster in calls is kept (autotune.cc, "Call trials"; docs/performance.md N2-N4)."""
-
-  def test_long_allgather_grid_runs_a_call_trial(self):
-    # Per device: the fused grid of 16384 x 40960 x 16384, ~28-33 ms on an H200.
-    m, k, n = 16384, 16384, 81920
-    kx, kw = jax.random.split(jax.random.key(7))
-    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
-    w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
-    ref = jnp.matmul(x, w, preferred_element_type=jnp.float32)
-
-    def check(out, what):
-      out = jax.device_put(out, GPUS[0]).astype(jnp.float32)
-      err = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
-      self.assertLess(err, 1e-2, what)
-
-    module = ffi_modules.module_for("cuda")
-    with new_tuning_lines(module) as tuned:
-      f, args = run_global(Schedule.AllGather1D_TilingCD_RotatingA, x, w)
-      check(f(*args), "first call")
-    fused = [line for line in tuned if "fused stages=2" in line]
-    self.assertLen(fused, TP, tuned)
-    trials = sum("call trial running" in line for line in fused)
-    for line in fused:  # a trial unless the tuner already chose the cluster-less tile
-      self.assertNotEqual("call trial running" in line,
-                          "Cooperative 128x256x64 cluster 1x1" in line, line)
-    if not trials:  # checked above: no trial because each tuner chose the challenger itself
-      self.skipTest("both devices' tuners chose the cluster-less 128x256 tile: no call trial ran "
-                    "to check (its absence was checked)")
-    # Turn lengths come from the problem's FLOPs, not a timing: every device counts the same.
-    lengths = {re.search(r"call trial running \(call \d+ of (\d+)\)", line).group(1)
-               for line in fused if "call trial running" in line}
-    self.assertLen(lengths, 1, fused)
-    # The schedule: 2 candidates x 2 rounds x (1 s untimed + >= 300 ms timed) of calls.
-    deadline = time.time() + 120
-    while any("call trial running" in line for line in module.describe_tuning().splitlines()
-              if "fused stages=2" in line and "n=40960" in line) and time.time() < deadline:
-      for _ in range(20):
-        out = f(*args)
-      out.block_until_ready()
-    check(out, "after the trial")
-    done = [line for line in module.describe_tuning().splitlines()
-            if "fused stages=2" in line and "n=40960" in line]
-    self.assertLen(done, TP, done)
-    verdicts = []
-    for line in done:
-      got = re.search(r"call trial: tuner's choice ([0-9.]+) ms, challenger ([0-9.]+) ms", line)
-      if got is None:  # this device's tuner chose the cluster-less tile itself
-        self.assertIn("Cooperative 128x256x64 cluster 1x1", line)
-        continue
-      tuned_ms, challenger_ms = float(got.group(1)), float(got.group(2))
-      self.assertGreater(tuned_ms, 0, line)
-      self.assertGreater(challenger_ms, 0, line)
-      self.assertEqual(challenger_ms < tuned_ms, "Cooperative 128x256x64 cluster 1x1" in
-                       line.split("call trial")[0], line)
-      verdicts.append((tuned_ms, challenger_ms))
-    # What is timed is the call's period, which the pair shares (each waits for the other's
-    # shard), not one device's grid: where both devices ran a trial, in the same calls, they
-    # measured the same periods.
-    if len(verdicts) == 2:
-      for a, b in zip(*verdicts):
-        self.assertLess(abs(a - b), 0.03 * max(a, b), done)
 
 
 def rs_paths():

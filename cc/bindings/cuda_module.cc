@@ -53,14 +53,10 @@ NB_MODULE(_distgemm_cuda, m) {
           d["batch"] = r.batch;
           d["shared_b"] = r.shared_b;
           d["fused_stages"] = r.fused_stages;
-          d["tune_mode"] = r.tune_mode;
-          d["turn_heat_ms"] = r.turn_heat_ms;
-          d["call_trials"] = r.call_trials;
           d["config"] = r.config;
           d["raster"] = r.raster;
           d["swizzle"] = r.swizzle;
           d["ms"] = r.ms;
-          d["call_ms"] = std::vector<float>{r.call_ms[0], r.call_ms[1]};
           out.append(d);
         }
         return out;
@@ -85,15 +81,10 @@ NB_MODULE(_distgemm_cuda, m) {
           r.batch = nb::cast<int64_t>(d["batch"]);
           r.shared_b = nb::cast<bool>(d["shared_b"]);
           r.fused_stages = nb::cast<int>(d["fused_stages"]);
-          r.tune_mode = nb::cast<std::string>(d["tune_mode"]);
-          r.turn_heat_ms = nb::cast<int>(d["turn_heat_ms"]);
-          r.call_trials = nb::cast<bool>(d["call_trials"]);
           r.config = nb::cast<std::string>(d["config"]);
           r.raster = nb::cast<int>(d["raster"]);
           r.swizzle = nb::cast<int>(d["swizzle"]);
           r.ms = nb::cast<float>(d["ms"]);
-          const auto call_ms = nb::cast<std::vector<float>>(d["call_ms"]);
-          for (size_t i = 0; i < 2 && i < call_ms.size(); ++i) r.call_ms[i] = call_ms[i];
           rs.push_back(r);
         }
         int installed = 0;
@@ -104,7 +95,7 @@ NB_MODULE(_distgemm_cuda, m) {
       },
       nb::arg("records"));
   m.def("clear_tuning", &jax_distgemm::cuda::ClearTuning,
-        "Forget every tuned choice and call trial: each shape tunes again at its next call.");
+        "Forget every tuned choice: each shape tunes again at its next call.");
   m.def("copy_stream_reports", &jax_distgemm::cuda::CopyStreamReports,
         "(ordinal, candidates, independent, note, group, rank) per initialized device of each "
         "peer group: how many streams were tried for its copy stream and whether a blocked wait "
