@@ -712,6 +712,48 @@ class HandlerValidationTest(absltest.TestCase):
                             (16, 8), c_shape=(8, 3))
 
 
+class RsPathAttributeTest(absltest.TestCase):
+  """JAX_DISTGEMM_RS_PATH, a test hook read when a call is lowered into the call's rs_path
+  attribute (config.rs_path_override), and the handler's check of that attribute.  Not a user
+  input: no row in the bad-input table."""
+
+  run_bound = HandlerValidationTest.run_bound
+  assertProcessUsable = HandlerValidationTest.assertProcessUsable
+
+  def lowered(self, schedule):
+    mesh = tu.mesh_1d(TP)
+    xs, ws, os_ = tu.specs(schedule, 0)
+    f = jax.jit(jax.shard_map(dm(schedule, implementation="ffi"), mesh=mesh,
+                              in_specs=(xs, ws), out_specs=os_))
+    return f.lower(_sds((16, 16), jnp.float32, mesh, xs),
+                   _sds((16, 8), jnp.float32, mesh, ws)).as_text()
+
+  def test_names_become_the_attribute(self):
+    self.assertEqual(config.RS_PATHS, {"remote_c": 1, "copy_ring": 2, "gather": 3})
+    for env, want in [({}, 0)] + [({"JAX_DISTGEMM_RS_PATH": k}, v)
+                                  for k, v in config.RS_PATHS.items()]:
+      with self.subTest(env=env), tu.rs_env(env):
+        self.assertEqual(config.rs_path_override(), want)
+        self.assertRegex(self.lowered(RS_A), rf"rs_path = {want} : i32")
+        # AllGather calls carry 0 whatever the switch says.
+        self.assertRegex(self.lowered(AG_A), r"rs_path = 0 : i32")
+
+  def test_bad_name_is_refused_at_lowering(self):
+    with tu.rs_env({"JAX_DISTGEMM_RS_PATH": "push"}):
+      with self.assertRaisesRegex(ValueError, re.escape(
+          "JAX_DISTGEMM_RS_PATH must be 'remote_c', 'copy_ring', 'gather' or unset, got "
+          "'push'")):
+        self.lowered(RS_A)
+
+  def test_handler_refuses_an_unknown_value(self):
+    with mock.patch.object(config, "rs_path_override", return_value=7):
+      with self.assertRaisesRegex(jax.errors.JaxRuntimeError, re.escape(
+          "INVALID_ARGUMENT: jax_distgemm: rs_path: unknown value 7 (0 automatic, 1 remote_c, "
+          "2 copy_ring, 3 gather)")):
+        self.run_bound(RS_A, (16, 16), (16, 8))
+    self.assertProcessUsable()
+
+
 def _doc_rows():
   """(input, excerpt, where, module.Class.test) rows of the bad-input table."""
   text = DOC.read_text()

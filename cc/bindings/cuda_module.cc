@@ -104,8 +104,8 @@ NB_MODULE(_distgemm_cuda, m) {
         "device's.");
   m.def("last_rs_paths", &jax_distgemm::cuda::LastRsPaths,
         "(ordinal, group, path) per initialized device of each peer group: the ReduceScatter "
-        "data path its last ReduceScatter call took (remote_c, push, copy_add, copy_ring, "
-        "gather; '' if none yet); group as in copy_stream_reports.");
+        "data path its last ReduceScatter call took (remote_c, copy_ring, gather; '' if none "
+        "yet); group as in copy_stream_reports.");
   m.def("set_fault_device", &jax_distgemm::cuda::SetCudaFaultDevice, nb::arg("ordinal"),
         nb::arg("kind") = 0,
         "Test hook: this device ordinal (-1: none) misbehaves; kind 0: it never delivers to its "

@@ -1,11 +1,9 @@
 #include "cc/common/rs_path.h"
 
-#include "cc/common/env.h"
-
 namespace jax_distgemm {
 namespace {
 
-// -- The one table of JAX_DISTGEMM_RS_PATH's names ------------------------------------------------
+// -- The one table of the paths' names ------------------------------------------------------------
 
 struct RsPathEntry {
   RsPath path;
@@ -21,13 +19,6 @@ const char* RsPathName(int path) {
     if (e.path == path) return e.name;
   }
   return "";
-}
-
-RsPath RsPathFromEnv() {
-  for (const RsPathEntry& e : kRsPathNames) {
-    if (EnvEquals("JAX_DISTGEMM_RS_PATH", e.name)) return e.path;
-  }
-  return kRsAuto;
 }
 
 }  // namespace jax_distgemm

@@ -1,5 +1,6 @@
-// ReduceScatter data-path switch (JAX_DISTGEMM_RS_PATH): its values' names, read in one place
-// for both executors.
+// The ReduceScatter data paths by name, for both executors.  A call carries the path it asks for
+// as its `rs_path` attribute (jax_distgemm/_src/config.py reads JAX_DISTGEMM_RS_PATH at
+// lowering, so that every device of the call agrees).
 //
 // The CUDA executor runs every path (executor.h says what each does, ChooseRsPath picks one);
 // the CPU executor runs only the gather path's order of events, where RsGatherChosen
@@ -8,15 +9,11 @@
 
 namespace jax_distgemm {
 
-// JAX_DISTGEMM_RS_PATH=remote_c|copy_ring|gather; unset or any other value is kRsAuto (the
-// executor chooses per shape).
+// kRsAuto: the executor chooses per shape.  The values are the attribute's (and Python's
+// config.RS_PATHS).
 enum RsPath : int { kRsAuto = 0, kRsRemoteC = 1, kRsCopyRing = 2, kRsGather = 3 };
 
-// The environment variable's value for `path` ("" for kRsAuto or an unknown value).
+// JAX_DISTGEMM_RS_PATH's name for `path` ("" for kRsAuto or an unknown value).
 const char* RsPathName(int path);
-
-// NOTE: read per call, not cached, so that a benchmark or test can compare paths in one
-// process.  Every process of a group must see the same values (the paths' slots differ).
-RsPath RsPathFromEnv();
 
 }  // namespace jax_distgemm

@@ -37,8 +37,9 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                             ffi::Result<ffi::AnyBuffer> out,
                             std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
                             int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id, int64_t timeout_ms) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
+                            int32_t rs_path) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
   Problem p;
   if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
   if (p.in_type == ElemType::kF32) {
@@ -99,7 +100,7 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.skip_push_done = fault_kind == 1;
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
   options.poison_output = poison;
-  options.rs_path = RsPathFromEnv();  // read per call
+  options.rs_path = rs_path;
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
                                            timeout_ms);
       !err.empty()) {
@@ -122,10 +123,11 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                             ffi::Result<ffi::AnyBuffer> out,
                             std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
                             int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id, int64_t timeout_ms) {
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
+                            int32_t rs_path) {
   try {
     return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, gathered, schedule,
-                            tp, groups, alpha, beta, call_id, timeout_ms);
+                            tp, groups, alpha, beta, call_id, timeout_ms, rs_path);
   } catch (const std::exception& e) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
   }
@@ -206,6 +208,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<float>("alpha")                      // out = alpha * x @ w ...
         .Attr<float>("beta")                       // ... + beta * c
         .Attr<int64_t>("call_id")                  // call site (unused on CUDA)
-        .Attr<int64_t>("timeout_ms"));             // bound on every flag wait
+        .Attr<int64_t>("timeout_ms")               // bound on every flag wait
+        .Attr<int32_t>("rs_path"));                // RsPath asked for; 0: automatic
 
 }  // namespace jax_distgemm::cuda
