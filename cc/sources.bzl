@@ -8,7 +8,7 @@ COMMON_SRCS = [
     "common/device_ids.cc",
     "common/problem.cc",
     "common/rendezvous.cc",
-    "common/rs_path.cc",
+    "common/workspace.cc",
     "common/shm_exchange.cc",
 ]
 COMMON_HDRS = [
@@ -17,8 +17,8 @@ COMMON_HDRS = [
     "common/ffi_helpers.h",
     "common/problem.h",
     "common/rendezvous.h",
-    "common/rs_path.h",
     "common/shm_exchange.h",
+    "common/workspace.h",
     "schedules/ring_1d.h",
 ]
 

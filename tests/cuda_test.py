@@ -504,7 +504,7 @@ class CudaRsGatherTest(parameterized.TestCase):
                                     sorted(d.local_hardware_id for d in GPUS[:TP])], tuned)
 
   def test_automatic_where_it_moves_no_more_bytes(self):
-    # Unset JAX_DISTGEMM_RS_PATH: gather where sk (sm + sn) <= sm sn (problem.h), else the ring.
+    # Unset JAX_DISTGEMM_RS_PATH: gather where sk (sm + sn) <= sm sn (workspace.h), else the ring.
     # Stages: (sm, sk, sn) = (512, 256, 1024): 393216 <= 524288, gather; (256, 512, 512):
     # 524288 > 131072, copy ring (sk <= 2048).
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC

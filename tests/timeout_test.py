@@ -126,8 +126,8 @@ class TimeoutTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("asked_for", {"JAX_DISTGEMM_RS_PATH": "gather"}, None),
-      # Unset: automatic where the operands are no more bytes than a running sum (problem.h,
-      # RsGatherMovesNoMore).  x (128, 64) @ w (64, 64) at TP=4: stage (sm, sk, sn) =
+      # Unset: automatic where the operands are no more bytes than a running sum (workspace.h,
+      # ChooseRsPath).  x (128, 64) @ w (64, 64) at TP=4: stage (sm, sk, sn) =
       # (32, 16, 64), 16 x 96 <= 32 x 64.  (The default shapes above are 16 x 40 > 8 x 32.)
       ("automatic", {}, ((128, 64), (64, 64))),
   )
@@ -151,7 +151,7 @@ class TimeoutTest(parameterized.TestCase):
   )
   def test_rs_gather_not_taken_where_switched_off(self, env):
     """At a shape where the automatic path gathers, another asked-for path runs the ring
-    instead (cc/common/rs_path.h, RsGatherChosen): a peer that stops before
+    instead (cc/common/workspace.h, ChooseRsPath): a peer that stops before
     the second barrier is then reported at the ring's stage 0, not at the gather's closing
     barrier."""
     mesh = tu.mesh_1d(4)

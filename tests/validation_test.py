@@ -611,11 +611,29 @@ class WorkspaceEstimateTest(absltest.TestCase):
       with self.subTest(env=env), tu.rs_env(env):
         self.assertEqual(cuda_rules.workspace_bytes((128, 16), (16, 64), bf16, RS_A, 4), want)
     # TilingB never gathers.
-    self.assertEqual(cuda_rules.rs_path(RS_B, 4, 1, False, 128, 16, 16), "copy_ring")
+    self.assertEqual(cuda_rules.rs_path(RS_B, 4, (128, 16), (16, 64)), "copy_ring")
     # A batched problem falls back from an asked-for gather to the automatic ring paths.
     with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "gather"}):
-      self.assertEqual(cuda_rules.rs_path(RS_A, 4, 2, False, 32, 16, 64), "copy_ring")
-      self.assertEqual(cuda_rules.rs_path(RS_A, 4, 2, False, 32, 4096, 64), "remote_c")
+      self.assertEqual(cuda_rules.rs_path(RS_A, 4, (2, 128, 16), (16, 64)), "copy_ring")
+      self.assertEqual(cuda_rules.rs_path(RS_A, 4, (2, 128, 4096), (4096, 64)), "remote_c")
+    self.assertEqual(cuda_rules.rs_path(AG_A, 4, (128, 16), (16, 64)), "")
+
+  def test_the_rule_is_the_extensions(self):
+    # The path and the workspace come from cc/common/workspace.h through the CPU module; the
+    # CUDA module, where built, answers the same.
+    from jax_distgemm import ffi as ffi_modules  # noqa: PLC0415
+    modules = [ffi_modules.module_for("cpu")] + (
+        [ffi_modules.module_for("cuda")] if ffi_modules.has_cuda() else [])
+    for module in modules:
+      self.assertEqual(module.rs_path(int(RS_A), 4, [128, 16], [16, 64]), "gather")
+      self.assertEqual(module.rs_path(int(RS_A), 4, [128, 16], [16, 64], override=2),
+                       "copy_ring")
+      self.assertEqual(module.workspace_bytes(int(AG_B), 4, [2, 8, 64], [64, 32], "bfloat16",
+                                              "bfloat16"), 2 * 3 * 64 * 32 * 2)
+      with self.assertRaisesRegex(ValueError, "rows of x \\(M=6\\) must be divisible by TP=4"):
+        module.workspace_bytes(int(RS_A), 4, [6, 16], [16, 8], "bfloat16", "bfloat16")
+      with self.assertRaisesRegex(ValueError, "override: unknown RsPath 9"):
+        module.rs_path(int(RS_A), 4, [128, 16], [16, 64], override=9)
 
 
 def jax_distgemm_has_cuda() -> bool:

@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "cc/common/problem.h"
-#include "cc/common/rs_path.h"
+#include "cc/common/workspace.h"
 #include "cc/cuda/copy_stream.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
@@ -493,7 +493,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                 reset_err.c_str());
     return false;
   }
-  const size_t ws_bytes = jc::WorkspaceBytes(d.p, d.opt);
+  const size_t ws_bytes = jdg::WorkspaceBytes(d.p, d.opt.rs_path);
   d.Alloc();
   // Each rank's main stream, created before the group's copy streams (first call's setup):
   // the run's (main), or this case's own with --group-per-case 1.
@@ -586,7 +586,7 @@ bool RunSequence(const Case* cases, int n_cases, int tp, const Shapes& g, int ro
     for (int i = 0; i < n_cases; ++i) {
       CallData d;
       if (!d.Init(cases[i], tp, g, timeout_ms).empty()) continue;  // SKIPs: see the case runs
-      ws_bytes = std::max(ws_bytes, jc::WorkspaceBytes(d.p, d.opt));
+      ws_bytes = std::max(ws_bytes, jdg::WorkspaceBytes(d.p, d.opt.rs_path));
       d.Alloc();
       d.Prepare(7919u * uint32_t(seq.size() + 1), g);
       seq.push_back(d);

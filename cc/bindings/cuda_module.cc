@@ -31,6 +31,7 @@ NB_MODULE(_distgemm_cuda, m) {
   });
   jax_distgemm::AddShmBindings(m);  // cross-process groups: the setup meeting (peer_ipc.cc)
   m.def("schedule_table", &jax_distgemm::ScheduleTableList);
+  jax_distgemm::AddWorkspaceBindings(m);
   m.def("reset", &jax_distgemm::cuda::ResetAll,
         "Drain all devices, zero flags and epochs, clear sticky errors. Returns '' or an error.");
   m.def("pending_error", &jax_distgemm::cuda::PendingErrors);

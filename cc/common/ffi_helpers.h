@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "cc/common/problem.h"
-#include "cc/common/rs_path.h"
+#include "cc/common/workspace.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_distgemm {

@@ -36,8 +36,8 @@
 #include "cc/common/device_ids.h"
 #include "cc/common/ffi_helpers.h"
 #include "cc/common/rendezvous.h"
-#include "cc/common/rs_path.h"
 #include "cc/common/shm_exchange.h"
+#include "cc/common/workspace.h"
 #include "cc/cpu/gemm_cpu.h"
 #include "cc/schedules/ring_1d.h"
 
@@ -167,13 +167,12 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
                    timeout);
 }
 
-// Where the CUDA executor would gather (its ChooseRsPath, executor.cc): asked for (`rs_path`,
-// the call's attribute), or the automatic path where gathering moves no more bytes than the
-// ring; only where it applies.  ReduceScatter TilingA by gathering
-// operands, as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
+// Whether the call gathers where the CUDA executor would (ChooseRsPath, the one rule of both
+// executors; `rs_path` is the call's attribute).  ReduceScatter TilingA by gathering operands,
+// as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
 // cc/schedules/ring_1d.h).
 bool RsGatherRequested(const Problem& p, int rs_path) {
-  return RsGatherChosen(p, rs_path == kRsGather, rs_path == kRsAuto);
+  return ChooseRsPath(p, rs_path) == kRsGather;
 }
 
 std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,

@@ -101,8 +101,8 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
   options.poison_output = poison;
   options.rs_path = rs_path;
-  if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
-                                           timeout_ms);
+  if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options.rs_path), stream,
+                                           run_id.run_id, timeout_ms);
       !err.empty()) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + err);
   }

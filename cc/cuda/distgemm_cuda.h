@@ -28,7 +28,7 @@ using CopyStreamRow = std::tuple<int, int, int, std::string, std::vector<int>, i
 std::vector<CopyStreamRow> CopyStreamReports();
 
 // (ordinal, group, path) of every initialized local device of every group: the ReduceScatter
-// data path (cc/common/rs_path.h, RsPathName) of its last ReduceScatter call, "" if none yet.
+// data path (cc/common/workspace.h, RsPathName) of its last ReduceScatter call, "" if none yet.
 std::vector<std::tuple<int, std::vector<int>, std::string>> LastRsPaths();
 
 }  // namespace jax_distgemm::cuda

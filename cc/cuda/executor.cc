@@ -44,33 +44,6 @@
 namespace jax_distgemm::cuda {
 namespace {
 
-constexpr size_t kSlotAlign = 256;
-size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
-
-// Bytes of one slot: the rotating shard (AllGather) or one running sum (ReduceScatter).
-size_t SlotBytes(const Problem& p) {
-  if (IsAllGather(p.schedule)) {
-    const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-    return RoundUp((rot_a ? p.XElems() : p.WElems()) * ElemSize(p.in_type), kSlotAlign);
-  }
-  return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
-}
-
-
-// kGather: per parity, TP-1 slots of [x rows (sm x xk) | w shard (wk x wn)], one per source,
-// then TP-1 local running sums (sm x sn, one per stage but the last), from the parity base
-// (Slot's NOTE).
-size_t GatherSlotBytes(const Problem& p) {
-  const size_t isz = ElemSize(p.in_type);
-  return RoundUp(p.sm() * p.xk * isz, kSlotAlign) + RoundUp(p.WElems() * isz, kSlotAlign);
-}
-size_t GatherSumBytes(const Problem& p) {
-  return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
-}
-size_t GatherParityBytes(const Problem& p) {
-  return (p.tp - 1) * (GatherSlotBytes(p) + GatherSumBytes(p));
-}
-
 // kCopyRing: where stage i's running sum is written (i < TP-1) and received (i >= 1).
 int RsSendSlot(int i) { return i; }
 int RsRecvSlot(const Problem& p, int i) { return p.tp - 1 + (i - 1); }
@@ -221,20 +194,6 @@ cudaError_t CopyPartialRows(const Problem& p, void* dst, const void* src, int64_
     }
   }
   return cudaSuccess;
-}
-
-// The ReduceScatter path of `p`, unless CallOptions::rs_path forces one.  kGather where it
-// applies and moves no more bytes than the ring (RsGatherMovesNoMore, problem.h): its operands
-// travel from the call's start.  Else kCopyRing where the running sum's NVLink time is close to
-// a stage's compute, ~1770 / k for the stage's k (0.87 at k = 2048), so that it must overlap
-// the next stage's GEMM; else kRemoteC, which moves it inside the epilogue.
-RsPath ChooseRsPath(const Problem& p, const CallOptions& o) {
-  if (RsGatherChosen(p, o.rs_path == kRsGather, o.rs_path == kRsAuto)) return kRsGather;
-  // kGather asked for where it does not apply (problem.h): the automatic choice.
-  if (o.rs_path == kRsAuto || o.rs_path == kRsGather) {
-    return p.sk() <= 2048 ? kRsCopyRing : kRsRemoteC;
-  }
-  return static_cast<RsPath>(o.rs_path);
 }
 
 GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions& o,
@@ -645,7 +604,7 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
   const size_t isz = ElemSize(p.in_type);
   const size_t x_bytes = static_cast<size_t>(p.sm() * p.xk) * isz;
   const size_t w_bytes = static_cast<size_t>(p.WElems()) * isz;
-  const size_t w_at = RoundUp(x_bytes, kSlotAlign);  // the w shard's offset in a slot
+  const size_t w_at = GatherWOffset(p);  // the w shard's offset in a slot
   const int my_tile = Sched::OutputTile(rank, tp - 1, tp);
 
   // Pushes on the copy stream, after the inputs are ready on the main stream.
@@ -710,7 +669,7 @@ template <class Sched>
 std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o,
                                  cudaStream_t stream, uint32_t epoch) {
-  const RsPath path = ChooseRsPath(p, o);
+  const RsPath path = ChooseRsPath(p, o.rs_path);
   group.dev(rank).last_rs_path = path;
   if (path == kRsGather) return EnqueueRsGather<Sched>(p, rank, group, b, o, stream, epoch);
   if (path == kRsCopyRing) return EnqueueRsCopyRing<Sched>(p, rank, group, b, o, stream, epoch);
@@ -719,24 +678,6 @@ std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
 
 }  // namespace
 
-// Slots per parity.  AllGather: TP-1, one per stage that receives.  ReduceScatter, by path:
-// kRemoteC TP-1 (slots 0..TP-2), kCopyRing 2*(TP-1) (send slots 0..TP-2, receive slots
-// TP-1..2*TP-3: RsSendSlot / RsRecvSlot).  kGather lays out its own (GatherParityBytes).
-// The workspace only grows, so after a path change it may hold more than this call needs.
-int SlotsPerParity(const Problem& p, const CallOptions& o) {
-  if (IsAllGather(p.schedule)) return p.tp - 1;
-  return ChooseRsPath(p, o) == kRsCopyRing ? 2 * (p.tp - 1) : p.tp - 1;
-}
-
-size_t WorkspaceBytes(const Problem& p, const CallOptions& o) {
-  // Parity halves (Slot): the workspace is two equal halves, each holding a parity's slots.
-  if (p.tp <= 1) return 0;
-  if (!IsAllGather(p.schedule) && ChooseRsPath(p, o) == kRsGather) {
-    return 2 * GatherParityBytes(p);
-  }
-  return 2 * static_cast<size_t>(SlotsPerParity(p, o)) * SlotBytes(p);
-}
-
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
                             const CallBuffers& buffers, const CallOptions& options,
                             cudaStream_t stream) {
@@ -744,7 +685,7 @@ std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
   // others' succeeded; or, across processes, a setup that timed out after the peers' unmapping)
   // holds less than this call needs, or none: pushes and remote stores into it would hit a
   // null or short address.  Fail before anything is enqueued (no epoch taken).
-  const size_t need = WorkspaceBytes(p, options);
+  const size_t need = WorkspaceBytes(p, options.rs_path);
   for (int q = 0; q < group.tp(); ++q) {
     const DeviceState& d = group.dev(q);
     if (d.workspace_bytes < need) {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cc/common/problem.h"
-#include "cc/common/rs_path.h"
+#include "cc/common/workspace.h"
 #include "cc/cuda/peer_state.h"
 
 namespace jax_distgemm::cuda {
@@ -31,7 +31,8 @@ struct CallOptions {
   bool skip_signals = false;  // fault injection (tests): never deliver to peers
   bool skip_push_done = false;  // fault injection (tests): never mark own pushes done
   bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
-  // Overrides of the per-shape choices (executor.cc, ChooseRsPath / AgChunks); 0 = automatic.
+  // Overrides of the per-shape choices (workspace.h ChooseRsPath, executor.cc AgChunks);
+  // 0 = automatic.
   int rs_path = 0;  // RsPath
   int ag_chunks = 0;
   // Later launches of a call that read nothing the launch before them writes start their GEMM
@@ -45,22 +46,19 @@ struct CallOptions {
   bool fuse_stages = true;
 };
 
-// ReduceScatter data paths (ChooseRsPath, executor.cc).  kRemoteC: the running sum stays in
+// ReduceScatter data paths (cc/common/workspace.h: RsPath, ChooseRsPath and the slots each
+// path needs).  kRemoteC: the running sum stays in
 // its producer's slot and the consumer's epilogue reads it over NVLink as C (CUTLASS's
 // RemoteC).  kCopyRing: each stage writes its running sum locally, in row chunks; after each
 // chunk the copy engine pushes it into the right neighbour's local receive slot and sets its
 // flag, and the neighbour's matching chunk GEMM reads it locally as C: no SM touches NVLink.
-// kGather (TilingA, one batch; RsGatherChosen in problem.h): no running sum travels; at the
-// call's start every device pushes each peer the x rows and the w shard it needs to sum its
-// own output rows over every K shard (EnqueueRsGather, executor.cc).  The RsPath enum and its
-// names are cc/common/rs_path.h's, shared with the CPU executor.
-
-// Symmetric workspace bytes one device needs for `p` (double-buffered slots) with the data path
-// `options` select (executor.cc, SlotsPerParity).
-size_t WorkspaceBytes(const Problem& p, const CallOptions& options);
+// kGather (TilingA, one batch): no running sum travels; at the call's start every device
+// pushes each peer the x rows and the w shard it needs to sum its own output rows over every
+// K shard (EnqueueRsGather, executor.cc).
 
 // Enqueues the whole call on `stream` (and this device's copy stream).  The group must be
-// ready (PeerGroup::EnsureReady) for WorkspaceBytes(p, options).  Returns "" or an error.
+// ready (PeerGroup::EnsureReady) for WorkspaceBytes(p, options.rs_path).  Returns "" or an
+// error.
 std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
                             const CallBuffers& buffers, const CallOptions& options,
                             cudaStream_t stream);

@@ -78,7 +78,7 @@ struct DeviceState {
   uint32_t* flags = nullptr;
   void* gemm_scratch = nullptr;
   uint32_t epoch = 0;
-  int last_rs_path = 0;  // the RsPath (executor.h) of this device's last ReduceScatter call
+  int last_rs_path = 0;  // the RsPath (workspace.h) of this device's last ReduceScatter call
   // Members in other processes: what this process mapped of theirs (cudaIpcOpenMemHandle),
   // and which allocation of the owner that was (its generation), to re-map after it grew.
   int64_t ipc_generation = -1;
