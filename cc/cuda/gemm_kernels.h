@@ -110,7 +110,7 @@ struct GemmEntry {
 
 // Registry entries of one (config, A/B type, D type) of the GEMM class template `GEMM`
 // (StageGemm or FusedStageGemm, whose `fused` flag is FUSED), with and without C.
-#define JAX_DISTGEMM_REGISTRY_ENTRIES(GEMM, FUSED, CONFIG, AB_ENUM, AB, D_ENUM, D) \
+#define DISTGEMM_REGISTRY_ENTRIES(GEMM, FUSED, CONFIG, AB_ENUM, AB, D_ENUM, D)     \
   {CONFIG, AB_ENUM, D_ENUM, false, FUSED,                                          \
    &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, false>::Launch,                      \
    &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, false>::WorkspaceBytes,              \

@@ -345,5 +345,5 @@ struct FusedStageGemm {
 }  // namespace jax_distgemm::cuda
 
 // Registry entries of one fused (config, A/B type, D type), with and without C.
-#define JAX_DISTGEMM_FUSED_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
-  JAX_DISTGEMM_REGISTRY_ENTRIES(FusedStageGemm, true, CONFIG, AB_ENUM, AB, D_ENUM, D)
+#define DISTGEMM_FUSED_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
+  DISTGEMM_REGISTRY_ENTRIES(FusedStageGemm, true, CONFIG, AB_ENUM, AB, D_ENUM, D)

@@ -295,5 +295,5 @@ struct StageGemm {
 }  // namespace jax_distgemm::cuda
 
 // Registry entries of one (config, A/B type, D type), with and without C.
-#define JAX_DISTGEMM_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
-  JAX_DISTGEMM_REGISTRY_ENTRIES(StageGemm, false, CONFIG, AB_ENUM, AB, D_ENUM, D)
+#define DISTGEMM_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
+  DISTGEMM_REGISTRY_ENTRIES(StageGemm, false, CONFIG, AB_ENUM, AB, D_ENUM, D)
