@@ -40,6 +40,7 @@ MODULE_HDRS = [
 
 # CUDA executor (built when nvcc is found; sm_90a).
 CUDA_HOST_SRCS = [
+    "cuda/all_gather.cc",
     "cuda/autotune.cc",
     "cuda/copy_stream.cc",
     "cuda/distgemm_cuda.cc",
@@ -47,6 +48,7 @@ CUDA_HOST_SRCS = [
     "cuda/gemm_registry.cc",
     "cuda/peer_ipc.cc",
     "cuda/peer_state.cc",
+    "cuda/reduce_scatter.cc",
 ]
 CUDA_KERNEL_SRCS = [
     "cuda/sm90_fused_gemm_bf16_bf16_coop128x256.cu",
@@ -72,6 +74,7 @@ CUDA_HDRS = [
     "cuda/cuda_check.h",
     "cuda/distgemm_cuda.h",
     "cuda/executor.h",
+    "cuda/executor_internal.h",
     "cuda/gemm_kernels.h",
     "cuda/peer_state.h",
     "cuda/sm90_fused_gemm.cuh",

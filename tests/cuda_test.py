@@ -117,7 +117,7 @@ class CudaCorrectnessTest(parameterized.TestCase):
       self.assertEqual(counts["all-gather"] + counts["reduce-scatter"], 0, schedule.name)
 
 
-# AllGather paths the executor chooses by itself (executor.cc), by global (M, K, N) at TP=2:
+# AllGather paths the executor chooses by itself (all_gather.cc), by global (M, K, N) at TP=2:
 # the fused grid with the shard in one piece (256 rows or columns per device) or in two chunks
 # (AgChunks: 512 per device, a stage n or m of 512), and stage launches (fp16, for which no
 # fused kernel is built; a batch).
@@ -131,7 +131,7 @@ AG_PATHS = {
 
 class CudaGatheredOperandTest(parameterized.TestCase):
   """return_gathered=True on CUDA: the copy stream copies each received slot into the second
-  result (executor.cc, CopyGathered) on the fused grid, chunked, the stage launches and batched
+  result (all_gather.cc, CopyGathered) on the fused grid, chunked, the stage launches and batched
   calls; the ReduceScatter backward then runs no XLA all-gather."""
 
   @parameterized.product(
@@ -337,7 +337,7 @@ class CudaAllGatherPathsTest(parameterized.TestCase):
   def test_chunked_shard_in_the_fused_grid(self, schedule, extent):
     """Where the push lasts about as long as stage 0 (a small stage n or m), the shard travels
     in two chunks with a flag each, and each tile of the fused grid waits only for the chunk it
-    reads (executor.cc, AgChunks).  1024 rows or columns per device split into 512 + 512, 640
+    reads (all_gather.cc, AgChunks).  1024 rows or columns per device split into 512 + 512, 640
     into 384 + 256, so that 256-row tiles straddle the boundary."""
     rot_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
     m, k, n = (extent * TP, 512, 768) if rot_a else (768, 512, extent * TP)
@@ -477,7 +477,7 @@ class CudaRsGatherTest(parameterized.TestCase):
   """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, or the automatic
   path where it moves no more bytes than the ring): each device pushes its peers the x rows and
   the w shard they need at the call's start and sums its own rows over every K shard; no
-  running sum travels (executor.cc, EnqueueRsGather).  Where it does not apply (TilingB,
+  running sum travels (reduce_scatter.cc, EnqueueRsGather).  Where it does not apply (TilingB,
   batches) the automatic path runs."""
 
   def setUp(self):

@@ -29,7 +29,7 @@
 // by each rank with no synchronization between calls, then every call checked (RunSequence).
 // --fault 1: rank 0 never pushes (CallOptions::skip_signals) in the "+gathered" cases; each
 // passes if every rank returns (no hang: the copy stream's waits on its own grid's marks must
-// end, executor.cc CopyGathered) and ranks 1..TP-1 report the peer timeout.
+// end, all_gather.cc CopyGathered) and ranks 1..TP-1 report the peer timeout.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

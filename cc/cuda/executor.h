@@ -20,7 +20,7 @@ struct CallBuffers {
   const void* c = nullptr;  // output dtype, output shape; AllGather only
   void* out = nullptr;
   // AllGather only, optional: the gathered operand (problem.h CheckGathered), nullptr if not
-  // asked for; filled from the shards the stages receive (executor.cc, CopyGathered).
+  // asked for; filled from the shards the stages receive (all_gather.cc, CopyGathered).
   void* gathered = nullptr;
 };
 
@@ -31,7 +31,7 @@ struct CallOptions {
   bool skip_signals = false;  // fault injection (tests): never deliver to peers
   bool skip_push_done = false;  // fault injection (tests): never mark own pushes done
   bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
-  // Overrides of the per-shape choices (workspace.h ChooseRsPath, executor.cc AgChunks);
+  // Overrides of the per-shape choices (workspace.h ChooseRsPath, all_gather.cc AgChunks);
   // 0 = automatic.
   int rs_path = 0;  // RsPath
   int ag_chunks = 0;
@@ -54,7 +54,7 @@ struct CallOptions {
 // flag, and the neighbour's matching chunk GEMM reads it locally as C: no SM touches NVLink.
 // kGather (TilingA, one batch): no running sum travels; at the call's start every device
 // pushes each peer the x rows and the w shard it needs to sum its own output rows over every
-// K shard (EnqueueRsGather, executor.cc).
+// K shard (EnqueueRsGather, reduce_scatter.cc).
 
 // Enqueues the whole call on `stream` (and this device's copy stream).  The group must be
 // ready (PeerGroup::EnsureReady) for WorkspaceBytes(p, options.rs_path).  Returns "" or an

@@ -69,7 +69,7 @@ struct FusedStages {
   void** table = nullptr;  // kFusedTableEntries entries
   // CTA 0 waits, before it exits, for *exit_wait_flag >= wait_epoch (this device's copy engine
   // has finished pushing the shard the grid's caller may reuse), so that the main stream needs
-  // no event join on the copy stream (executor.cc); nullptr: no wait.
+  // no event join on the copy stream (all_gather.cc); nullptr: no wait.
   const uint32_t* exit_wait_flag = nullptr;
   // The rotating shard arrives in `shard_chunks` chunks (flags wait_flag[s] + c) of
   // `shard_chunk_size` rows of A (shard_dim 0, RotatingA) or columns of B (1, RotatingB), the

@@ -42,12 +42,12 @@ inline constexpr int kNumFlags = kMaxTp * kMaxChunks;
 // flags[FlagIndex(stage, chunk)]
 inline constexpr int FlagIndex(int stage, int chunk) { return stage * kMaxChunks + chunk; }
 // Stage 0 never waits for data, so its first flag has another use: this device's own copy
-// stream sets it to the epoch once its AllGather pushes of that call are done (executor.cc).
+// stream sets it to the epoch once its AllGather pushes of that call are done (all_gather.cc).
 inline constexpr int kPushDoneFlag = FlagIndex(0, 0);
 // Past the peers' words (the allocation holds kFlagWords): this device's own AllGather stage
 // GEMM sets SeenMark(i, c) to the epoch once it has waited for flag(i, c) (arrived or timed
 // out), and its copy stream waits for that mark before it copies slot i-1 into the call's
-// gathered result (executor.cc, CopyGathered): a wait on our own grid, which always ends,
+// gathered result (all_gather.cc, CopyGathered): a wait on our own grid, which always ends,
 // never directly on a peer.
 inline constexpr int SeenMark(int stage, int chunk) {
   return kNumFlags + FlagIndex(stage, chunk);
