@@ -19,7 +19,7 @@
 // or 32 and a fresh group per case a case still timed out now and then (5 of 127 runs, Y3-Z3),
 // and with the run's one group (the default now) 0 of 66 did.
 //
-//   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
+//   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TESTS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
 //       [--control 1] [--fault 1] [--group-per-case 1] [--sequence 1] [--max-lead 2]
