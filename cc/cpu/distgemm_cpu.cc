@@ -307,8 +307,8 @@ struct CpuCall {
 // once (a shard_map body, a jit reused in one program; mlir._lower_jaxpr_to_fun_cached) and
 // XLA inlines it at every use, so e.g. three same-shaped projections of one input carry one
 // call_id.  XLA:CPU runs independent thunks in any order, different on each device, so pairing
-// them by occurrence alone met one device's call with another call of its peer (wrong shards,
-// no error; seen at >= 10 independent calls, 2026-12-02).  The instantiate stage runs once per
+// them by occurrence alone can meet one device's call with another call of its peer (wrong
+// shards, no error).  The instantiate stage runs once per
 // instruction and its state is shared by the process's devices: its index among the sites of
 // its call_id joins the rendezvous key.
 // ASSUMPTION (across processes): every process builds the same executables in the same order

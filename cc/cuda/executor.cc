@@ -85,7 +85,7 @@ std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
                             cudaStream_t stream) {
   // NOTE: a member whose workspace growth failed in an earlier call (cudaMalloc, while the
   // others' succeeded; or, across processes, a setup that timed out after the peers' unmapping)
-  // holds less than this call needs, or none: pushes and remote stores into it would hit a
+  // holds less than this call needs, or none: pushes into it and reads of it would hit a
   // null or short address.  Fail before anything is enqueued (no epoch taken).
   const size_t need = WorkspaceBytes(p, options.rs_path);
   for (int q = 0; q < group.tp(); ++q) {

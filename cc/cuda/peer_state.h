@@ -54,14 +54,12 @@ inline constexpr int SeenMark(int stage, int chunk) {
 }
 // NOTE: one writer per flag word.  Stage i's data comes from device d + i in an AllGather (and
 // the ReduceScatter gather path), but from the left neighbour d - 1 in every ReduceScatter
-// ring path (remote C, copy ring).  Each writer's epochs rise in
-// its own stream order; two writers of one word are not ordered: at TP >= 4 a device that
-// finished a ring call early could push call e+1's AllGather data, and set d's word to e+1,
-// before the left neighbour set it to e for call e (a wait for e passed before its data, and
-// the late e then hid e+1 until the wait timed out; found in a review, 2026-12-05; on one GPU
-// with virtual TP=8 ranks enqueueing calls back to back, 8 of 12 runs with one row went wrong,
-// 7 with silent wrong outputs, performance.md AD2).  So the rings' words are a row of their
-// own, RingFlags(d)[FlagIndex(i, c)].
+// ring path (remote C, copy ring).  Each writer's epochs rise in its own stream order; two
+// writers of one word are not ordered: at TP >= 4 a device that finished a ring call early
+// could push call e+1's AllGather data, and set d's word to e+1, before the left neighbour set
+// it to e for call e (a wait for e would pass before its data, and the late e then hide e+1
+// until the wait timed out).  So the rings' words are a row of their own,
+// RingFlags(d)[FlagIndex(i, c)].
 inline constexpr int kRingFlagsOffset = 2 * kNumFlags;
 inline constexpr int kFlagWords = 3 * kNumFlags;
 

@@ -86,8 +86,8 @@ static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t st
 // done.  Out of line for the same reason as WaitForStage.
 // NOTE: twice the timeout.  With a gathered result the copy stream's last copies wait for this
 // grid's stage waits to end (the seen marks), and CTA 0 can reach the join before another CTA
-// even starts a wait for a dead peer: with one timeout the join timed out first and the error
-// blamed this device's own copy engine instead of the peer (virtual TP=8, performance.md AD).
+// even starts a wait for a dead peer: with one timeout the join would time out first, and the
+// error would blame this device's own copy engine instead of the peer.
 static __device__ __noinline__ void WaitForOwnPushes(const uint32_t* flag, const StageWaits& w) {
   WaitFlagUntil(flag, w.epoch, 2 * w.timeout_ns, w.error, w.rank, kPushDoneStage, w.rank);
 }
@@ -151,7 +151,7 @@ struct FlagWaitMainloop : Base_ {
       // NOTE: after a timeout the CTA goes on with whatever the slot holds (the error record
       // makes the host fail the call) and skips its later waits, so TP-1 stages do not each
       // wait out the timeout.  Not read here: the error record itself, which lives in host
-      // memory; one read per CTA, all at once, cost ~100 us on 2x H200.
+      // memory, where a read by every CTA at once is slow.
       if (cute::elect_one_sync()) timed_out_ = !WaitForStage(w, next_batch, 0, timed_out_);
       __syncwarp();
       // The peer's data was written by its copy engine; order our TMA (async proxy) reads

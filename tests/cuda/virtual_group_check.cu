@@ -1,6 +1,7 @@
-// Tool, not part of the package: the CUDA executor at any TP from 2 to 8 on ONE GPU, every rank
-// of the group a "virtual device" on the same ordinal.  Checks every schedule and data path against
-// a naive fp32 GEMM on the same GPU, over several calls (both parities, rising epochs).
+// Test program, not part of the package: the CUDA executor at any TP from 2 to 8 on ONE GPU,
+// every rank of the group a "virtual device" on the same ordinal.  Checks every schedule and
+// data path against a naive fp32 GEMM on the same GPU, over several calls (both parities,
+// rising epochs).
 // AllGather cases with a gathered result check it bit-exactly against the shards.
 //
 // What it exercises: the executor's index math, slot and flag traffic, epochs, fused grids and
@@ -14,10 +15,8 @@
 // NOTE: set before the CUDA context exists: CUDA_DEVICE_MAX_CONNECTIONS=32 (main does), so
 // that the group's 2 TP streams (each rank's main and copy stream, created in that order, 16 at
 // TP=8) land on distinct hardware queues: CUDA assigns queues round-robin in creation order,
-// and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it.
-// Measured at TP=8 (docs/performance.md Z2, Z3): with 8 or 4 queues every run stalled; with 16
-// or 32 and a fresh group per case a case still timed out now and then (5 of 127 runs, Y3-Z3),
-// and with the run's one group (the default now) 0 of 66 did.
+// and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it
+// (with 8 or 4 queues TP=8 runs stall).
 //
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TESTS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
@@ -215,10 +214,9 @@ bool control = false;
 bool fault = false;  // --fault 1 (see the file comment)
 // --group-per-case 0 (default): one group (and one main stream per rank) for the whole run,
 // reset between cases (flags, epochs, error record: PeerGroup::Reset), so that the run creates
-// 2 TP streams in all, as a process under XLA does.  1: a fresh group per case (as before
-// 2026-12-03), whose copy streams live on (groups are process-lifetime) while each case
-// creates 2 TP more; that mode's rare TP=8 timeouts did not occur in this one (performance.md
-// Z3, AA).
+// 2 TP streams in all, as a process under XLA does.  1: a fresh group per case, whose copy
+// streams live on (groups are process-lifetime) while each case creates 2 TP more, which at
+// TP=8 can exhaust the hardware queues (a case then times out now and then).
 bool group_per_case = false;
 
 // Where each rank's thread is (the watchdog prints it when a call stalls).
@@ -288,7 +286,7 @@ struct CallData {
     // NOTE: every launch waits for the one before it.  With overlap (the default), each stage
     // launch lets the next one start at once (programmatic dependent launch), so one rank can
     // hold many grids spinning on flags, and on a shared GPU they take the SMs that the ranks
-    // that set those flags need: the first runs timed out in copy_ring at TP >= 4.  (On separate
+    // that set those flags need (copy_ring timed out at TP >= 4).  (On separate
     // GPUs the flag's producer never needs this GPU's SMs.)  Waiting bounds a rank to two
     // resident grids, which the SM cap (Run*) leaves room for.
     opt.overlap_stages = false;
