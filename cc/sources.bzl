@@ -8,7 +8,7 @@ COMMON_SRCS = [
     "common/device_ids.cc",
     "common/problem.cc",
     "common/rendezvous.cc",
-    "common/rs_path.cc",
+    "common/workspace.cc",
     "common/shm_exchange.cc",
 ]
 COMMON_HDRS = [
@@ -17,8 +17,8 @@ COMMON_HDRS = [
     "common/ffi_helpers.h",
     "common/problem.h",
     "common/rendezvous.h",
-    "common/rs_path.h",
     "common/shm_exchange.h",
+    "common/workspace.h",
     "schedules/ring_1d.h",
 ]
 
@@ -40,6 +40,7 @@ MODULE_HDRS = [
 
 # CUDA executor (built when nvcc is found; sm_90a).
 CUDA_HOST_SRCS = [
+    "cuda/all_gather.cc",
     "cuda/autotune.cc",
     "cuda/copy_stream.cc",
     "cuda/distgemm_cuda.cc",
@@ -47,10 +48,9 @@ CUDA_HOST_SRCS = [
     "cuda/gemm_registry.cc",
     "cuda/peer_ipc.cc",
     "cuda/peer_state.cc",
-    "cuda/stage_trace.cc",
+    "cuda/reduce_scatter.cc",
 ]
 CUDA_KERNEL_SRCS = [
-    "cuda/combine_kernels.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop128x256.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop128x256_c1x1.cu",
     "cuda/sm90_fused_gemm_bf16_bf16_coop256x128_c2x1.cu",
@@ -70,18 +70,17 @@ CUDA_KERNEL_SRCS = [
 ]
 CUDA_HDRS = [
     "cuda/autotune.h",
-    "cuda/combine_kernels.h",
     "cuda/copy_stream.h",
     "cuda/cuda_check.h",
     "cuda/distgemm_cuda.h",
     "cuda/executor.h",
+    "cuda/executor_internal.h",
     "cuda/gemm_kernels.h",
     "cuda/peer_state.h",
     "cuda/sm90_fused_gemm.cuh",
     "cuda/sm90_gemm.cuh",
     "cuda/stage_sync.h",
     "cuda/stage_sync_device.cuh",
-    "cuda/stage_trace.h",
 ]
 CUDA_MODULE_SRCS = [
     "bindings/cuda_module.cc",

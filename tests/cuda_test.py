@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 
 import test_util  # noqa: E402,I001  (fake CPU devices, poisoned outputs, before JAX starts)
@@ -118,25 +117,30 @@ class CudaCorrectnessTest(parameterized.TestCase):
       self.assertEqual(counts["all-gather"] + counts["reduce-scatter"], 0, schedule.name)
 
 
+# AllGather paths the executor chooses by itself (all_gather.cc), by global (M, K, N) at TP=2:
+# the fused grid with the shard in one piece (256 rows or columns per device) or in two chunks
+# (AgChunks: 512 per device, a stage n or m of 512), and stage launches (fp16, for which no
+# fused kernel is built; a batch).
+AG_PATHS = {
+    "fused": {"extent": 512, "batch": (), "dtype": jnp.bfloat16},
+    "fused_chunks2": {"extent": 1024, "batch": (), "dtype": jnp.bfloat16},
+    "stages": {"extent": 1024, "batch": (), "dtype": jnp.float16},
+    "batched": {"extent": 1024, "batch": (3,), "dtype": jnp.bfloat16},
+}
+
+
 class CudaGatheredOperandTest(parameterized.TestCase):
   """return_gathered=True on CUDA: the copy stream copies each received slot into the second
-  result (executor.cc, CopyGathered) on the fused grid, chunked, the stage launches and batched
+  result (all_gather.cc, CopyGathered) on the fused grid, chunked, the stage launches and batched
   calls; the ReduceScatter backward then runs no XLA all-gather."""
-
-  def tearDown(self):
-    ffi_modules.module_for("cuda").set_fused_stages(True)
-    os.environ.pop("JAX_DISTGEMM_AG_CHUNKS", None)
-    super().tearDown()
 
   @parameterized.product(
       schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
-      path=["fused", "fused_chunks2", "stages", "batched"])
+      path=list(AG_PATHS))
   def test_gathered_equals_the_operand(self, schedule, path):
-    ffi_modules.module_for("cuda").set_fused_stages(path != "stages")
-    if path == "fused_chunks2":
-      os.environ["JAX_DISTGEMM_AG_CHUNKS"] = "2"
-    batch = (3,) if path == "batched" else ()
-    m, k, n = 1024, 512, 1024
+    batch, dtype, extent = (AG_PATHS[path][k] for k in ("batch", "dtype", "extent"))
+    rot_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
+    m, k, n = (extent, 512, 1024) if rot_a else (1024, 512, extent)
     mesh = gpu_mesh()
     x_spec, w_spec, out_spec = test_util.specs(schedule, len(batch))
 
@@ -149,11 +153,12 @@ class CudaGatheredOperandTest(parameterized.TestCase):
                               out_specs=(out_spec, P("tp"))))
     for call in range(3):  # fresh data each call; calls 0 and 2 share a slot parity
       x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, path, call), batch + (m, k),
-                                        (k, n), jnp.bfloat16)
+                                        (k, n), dtype)
       args, _ = place_global(schedule, x, w)
       out, g = f(*args)
-      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)), 1e-2, f"call {call}")
-      operand = np.asarray(x if schedule == Schedule.AllGather1D_TilingCD_RotatingA else w)
+      self.assertLess(test_util.rel_err(out, test_util.reference_np(x, w)),
+                      test_util.REL_TOL[jnp.dtype(dtype)], f"call {call}")
+      operand = np.asarray(x if rot_a else w)
       for d in range(TP):
         np.testing.assert_array_equal(np.asarray(g[d]), operand, f"call {call}, device {d}")
 
@@ -304,27 +309,23 @@ def tuned_lines_of_three_calls(test, schedule, x, w, c=None, *, alpha=1.0, beta=
   return tuned
 
 
-class CudaFusedStagesTest(parameterized.TestCase):
-  """AllGather runs all stages in one fused grid by default; the stage path stays available."""
-
-  def tearDown(self):
-    ffi_modules.module_for("cuda").set_fused_stages(True)
-    super().tearDown()
+class CudaAllGatherPathsTest(parameterized.TestCase):
+  """AllGather runs all stages in one fused grid where a fused kernel is built (bfloat16) and
+  the call has one batch, else one launch per stage."""
 
   @parameterized.product(
       schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
-      fused=[True, False], with_c=[False, True], shape=["square", "tall"])
-  def test_fused_and_stage_paths_match_reference(self, schedule, fused, with_c, shape):
-    module = ffi_modules.module_for("cuda")
-    module.set_fused_stages(fused)
+      dtype=["bf16", "fp16"], with_c=[False, True], shape=["square", "tall"])
+  def test_fused_and_stage_paths_match_reference(self, schedule, dtype, with_c, shape):
+    fused = dtype == "bf16"  # no fused kernel is built for float16
+    dt = test_util.DTYPES[dtype]
     m, k, n = SHAPES[shape]
     # A shape per case, so that each case tunes (and so lists) its own launches.
     variant = 4 * (schedule == Schedule.AllGather1D_TilingCD_RotatingB) + 2 * with_c + fused
     m += 16 * TP * variant
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, fused, with_c), (m, k), (k, n),
-                                      jnp.bfloat16)
-    c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), jnp.bfloat16)
-         if with_c else None)
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, dtype, with_c), (m, k), (k, n),
+                                      dt)
+    c = (jnp.asarray(np.random.default_rng(3).standard_normal((m, n)), dt) if with_c else None)
     alpha, beta = (0.5, -0.75) if with_c else (1.0, 0.0)
     # The path taken shows in the tuning table: fused launches are tuned as such.
     tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
@@ -332,107 +333,20 @@ class CudaFusedStagesTest(parameterized.TestCase):
 
   @parameterized.product(
       schedule=[Schedule.AllGather1D_TilingCD_RotatingA, Schedule.AllGather1D_TilingCD_RotatingB],
-      chunks=[2, 4], extent=[1024, 640])
-  def test_chunked_shard_in_the_fused_grid(self, schedule, chunks, extent):
-    """JAX_DISTGEMM_AG_CHUNKS (read per call): the shard travels in chunks with a flag each, and
-    each tile of the fused grid waits only for the chunk it reads.  Chunks are whole 256s where
-    they can be: 1024 rows or columns in 2 or 4; 640 in 2 of 384 and 256 either way, so that
-    256-row tiles straddle the boundary."""
-    os.environ["JAX_DISTGEMM_AG_CHUNKS"] = str(chunks)
+      extent=[1024, 640])
+  def test_chunked_shard_in_the_fused_grid(self, schedule, extent):
+    """Where the push lasts about as long as stage 0 (a small stage n or m), the shard travels
+    in two chunks with a flag each, and each tile of the fused grid waits only for the chunk it
+    reads (all_gather.cc, AgChunks).  1024 rows or columns per device split into 512 + 512, 640
+    into 384 + 256, so that 256-row tiles straddle the boundary."""
     rot_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
-    m, k, n = (extent * TP, 512, 768) if rot_a else (512, 512, extent * TP)
+    m, k, n = (extent * TP, 512, 768) if rot_a else (768, 512, extent * TP)
     # A shape per case, so that each case tunes (and so lists) its own launches.
-    k += 64 * (4 * (not rot_a) + 2 * (chunks == 4) + (extent == 640))
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, chunks, extent), (m, k), (k, n),
+    k += 64 * (2 * (not rot_a) + (extent == 640))
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, extent), (m, k), (k, n),
                                       jnp.bfloat16)
-    try:
-      tuned = tuned_lines_of_three_calls(self, schedule, x, w)
-    finally:
-      os.environ.pop("JAX_DISTGEMM_AG_CHUNKS", None)
+    tuned = tuned_lines_of_three_calls(self, schedule, x, w)
     self.assertTrue(tuned and all("fused stages=2" in line for line in tuned), tuned)
-
-  def test_event_join_matches_reference(self):
-    """JAX_DISTGEMM_AG_JOIN=event (read per call): the main stream joins the copy stream with
-    an event instead of the fused grid waiting for its own pushes; calls alternate the two."""
-    schedule = Schedule.AllGather1D_TilingCD_RotatingA
-    x, w, _ = test_util.random_inputs(77, (768, 512), (512, 1024), jnp.bfloat16)
-    ref = test_util.reference_np(x, w)
-    f, args = run_global(schedule, x, w)
-    try:
-      for rep in range(6):
-        if rep % 2:
-          os.environ["JAX_DISTGEMM_AG_JOIN"] = "event"
-        else:
-          os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
-        self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
-    finally:
-      os.environ.pop("JAX_DISTGEMM_AG_JOIN", None)
-
-
-class CudaCallTrialTest(absltest.TestCase):
-  """A fused AllGather grid of >= 20 ms per launch: once tuned, its next calls alternate between
-  the tuner's choice and the cluster-less Cooperative 128x256 tile, timed in the call, and the
-  faster in calls is kept (autotune.cc, "Call trials"; docs/performance.md N2-N4)."""
-
-  def test_long_allgather_grid_runs_a_call_trial(self):
-    # Per device: the fused grid of 16384 x 40960 x 16384, ~28-33 ms on an H200.
-    m, k, n = 16384, 16384, 81920
-    kx, kw = jax.random.split(jax.random.key(7))
-    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
-    w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
-    ref = jnp.matmul(x, w, preferred_element_type=jnp.float32)
-
-    def check(out, what):
-      out = jax.device_put(out, GPUS[0]).astype(jnp.float32)
-      err = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
-      self.assertLess(err, 1e-2, what)
-
-    module = ffi_modules.module_for("cuda")
-    with new_tuning_lines(module) as tuned:
-      f, args = run_global(Schedule.AllGather1D_TilingCD_RotatingA, x, w)
-      check(f(*args), "first call")
-    fused = [line for line in tuned if "fused stages=2" in line]
-    self.assertLen(fused, TP, tuned)
-    trials = sum("call trial running" in line for line in fused)
-    for line in fused:  # a trial unless the tuner already chose the cluster-less tile
-      self.assertNotEqual("call trial running" in line,
-                          "Cooperative 128x256x64 cluster 1x1" in line, line)
-    if not trials:  # checked above: no trial because each tuner chose the challenger itself
-      self.skipTest("both devices' tuners chose the cluster-less 128x256 tile: no call trial ran "
-                    "to check (its absence was checked)")
-    # Turn lengths come from the problem's FLOPs, not a timing: every device counts the same.
-    lengths = {re.search(r"call trial running \(call \d+ of (\d+)\)", line).group(1)
-               for line in fused if "call trial running" in line}
-    self.assertLen(lengths, 1, fused)
-    # The schedule: 2 candidates x 2 rounds x (1 s untimed + >= 300 ms timed) of calls.
-    deadline = time.time() + 120
-    while any("call trial running" in line for line in module.describe_tuning().splitlines()
-              if "fused stages=2" in line and "n=40960" in line) and time.time() < deadline:
-      for _ in range(20):
-        out = f(*args)
-      out.block_until_ready()
-    check(out, "after the trial")
-    done = [line for line in module.describe_tuning().splitlines()
-            if "fused stages=2" in line and "n=40960" in line]
-    self.assertLen(done, TP, done)
-    verdicts = []
-    for line in done:
-      got = re.search(r"call trial: tuner's choice ([0-9.]+) ms, challenger ([0-9.]+) ms", line)
-      if got is None:  # this device's tuner chose the cluster-less tile itself
-        self.assertIn("Cooperative 128x256x64 cluster 1x1", line)
-        continue
-      tuned_ms, challenger_ms = float(got.group(1)), float(got.group(2))
-      self.assertGreater(tuned_ms, 0, line)
-      self.assertGreater(challenger_ms, 0, line)
-      self.assertEqual(challenger_ms < tuned_ms, "Cooperative 128x256x64 cluster 1x1" in
-                       line.split("call trial")[0], line)
-      verdicts.append((tuned_ms, challenger_ms))
-    # What is timed is the call's period, which the pair shares (each waits for the other's
-    # shard), not one device's grid: where both devices ran a trial, in the same calls, they
-    # measured the same periods.
-    if len(verdicts) == 2:
-      for a, b in zip(*verdicts):
-        self.assertLess(abs(a - b), 0.03 * max(a, b), done)
 
 
 def rs_paths():
@@ -490,141 +404,95 @@ def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
   test.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
 
 
-class CudaFusedReduceScatterTest(parameterized.TestCase):
-  """ReduceScatter with remote C or push as one fused grid (JAX_DISTGEMM_RS_FUSED=1 or all,
-  read per call): per-stage beta, C waits in the epilogue, completion counted by the grid
-  itself.  The default is one launch per stage."""
+class CudaRemoteCTest(parameterized.TestCase):
+  """ReduceScatter remote_c (the automatic path where the stage k > 2048, unless the gather path
+  moves no more bytes; asked for by name here): one launch per stage, whose epilogue reads the
+  left neighbour's running sum over NVLink as C."""
 
-  def tearDown(self):
-    os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
-    os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
-    super().tearDown()
+  def setUp(self):
+    super().setUp()
+    self.enter_context(test_util.rs_env({"JAX_DISTGEMM_RS_PATH": "remote_c"}))
 
   @parameterized.product(
       schedule=[Schedule.ReduceScatter1D_TilingA_RotatingC,
                 Schedule.ReduceScatter1D_TilingB_RotatingC],
-      mode=["all", "0"], path=["remote_c", "push"], shape=["square", "ragged", "tall"])
-  def test_fused_and_stage_paths_match_reference(self, schedule, mode, path, shape):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # "all": fused even at small k
-    os.environ["JAX_DISTGEMM_RS_PATH"] = path  # push: the epilogue stores into the peer's slot
+      shape=["square", "ragged", "tall"])
+  def test_matches_reference(self, schedule, shape):
     m, k, n = SHAPES[shape]
-    variant = (4 * (path == "push") + 2 * (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC)
-               + (mode == "all"))
-    m += 16 * TP * (variant + 8)  # a shape per case: each tunes (and so lists) its launches
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, mode, path, shape), (m, k),
+    # A shape per case, so that each case tunes (and so lists) its launches.
+    m += 16 * TP * (8 + (schedule == Schedule.ReduceScatter1D_TilingB_RotatingC))
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, "remote_c", shape), (m, k),
                                       (k, n), jnp.bfloat16)
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
-    fused = ["fused stages=2" in line for line in tuned]
-    self.assertEqual([mode == "all"] * len(tuned), fused, tuned)
-    self.assertEqual(rs_paths(), sorted((d.local_hardware_id, path) for d in GPUS[:TP]), tuned)
-
-  @parameterized.parameters(None, "1")
-  def test_stage_launches_by_default_fused_on_request(self, mode):
-    module = ffi_modules.module_for("cuda")
-    if mode is not None:
-      os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
-    schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
-    m, k, n = 384 + 32 * (mode is None), 4 * 2048 + 2 * 64, 512  # stage k > 2048: remote C
-    x, w, _ = test_util.random_inputs(21, (m, k), (k, n), jnp.bfloat16)
-    ref = test_util.reference_np(x, w)
-    with new_tuning_lines(module) as tuned:
-      f, args = run_global(schedule, x, w)
-      for rep in range(2):
-        self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {rep}")
-    self.assertNotEmpty(tuned)
-    self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
+    self.assertEqual(rs_paths(), sorted((d.local_hardware_id, "remote_c") for d in GPUS[:TP]),
                      tuned)
 
   def test_back_to_back_calls_alternating_shapes(self):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"
     check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=30)
 
-  @parameterized.parameters("remote_c", "push")
-  def test_missing_peer_signal_times_out_and_recovers(self, path):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = "all"  # device 1's grid never signals stage 0 done
-    os.environ["JAX_DISTGEMM_RS_PATH"] = path
+  def test_missing_peer_signal_times_out_and_recovers(self):
+    # Device 1's stage 1 launch never signals that its stage 0 is done.
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 41)
 
 
 class CudaCopyRingTest(parameterized.TestCase):
-  """ReduceScatter copy_ring (the default where the stage k <= 2048, unless the gather path
-  moves no more bytes; asked for by name here): one fused grid for every (stage, chunk) where
-  TP x chunks <= 8 and the chunks have equal rows; the grid marks each chunk stored, the copy
-  stream waits for the mark and pushes it.  JAX_DISTGEMM_RS_FUSED=0 and JAX_DISTGEMM_RS_CHUNKS
-  are read per call."""
+  """ReduceScatter copy_ring (the automatic path where the stage k <= 2048, unless the gather
+  path moves no more bytes; asked for by name here): each stage runs in row chunks, and the
+  copy stream pushes each chunk's running sum to the right neighbour while the next chunks
+  compute."""
 
   def setUp(self):
     super().setUp()
-    os.environ["JAX_DISTGEMM_RS_PATH"] = "copy_ring"
+    self.enter_context(test_util.rs_env({"JAX_DISTGEMM_RS_PATH": "copy_ring"}))
 
-  def tearDown(self):
-    for k in ("JAX_DISTGEMM_RS_FUSED", "JAX_DISTGEMM_RS_CHUNKS", "JAX_DISTGEMM_RS_PATH"):
-      os.environ.pop(k, None)
-    super().tearDown()
-
-  # Rows of the running sum per device -> {chunks asked: batches of the fused grid per stage,
-  # or None where the chunks are unequal and the call takes one launch per chunk}.
-  ROWS = {"even": (1024, {1: 1, 2: 2, 4: 4}), "uneven": (640, {1: 1, 2: None, 4: None})}
+  # Rows of the running sum per device: 1024 splits into two equal chunks, 640 into 384 + 256.
+  ROWS = {"even": 1024, "uneven": 640}
 
   @parameterized.product(
       schedule=[Schedule.ReduceScatter1D_TilingA_RotatingC,
                 Schedule.ReduceScatter1D_TilingB_RotatingC],
-      mode=["1", "0"], chunks=[1, 2, 4], rows=["even", "uneven"])
-  def test_fused_and_chunk_launches_match_reference(self, schedule, mode, chunks, rows):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
-    os.environ["JAX_DISTGEMM_RS_CHUNKS"] = str(chunks)
-    sm, batches = self.ROWS[rows]
+      rows=["even", "uneven"])
+  def test_chunk_launches_match_reference(self, schedule, rows):
+    sm = self.ROWS[rows]
     tiling_a = schedule == Schedule.ReduceScatter1D_TilingA_RotatingC
     m = sm * TP if tiling_a else sm
-    k = 512  # stage k 256 (TilingA) / 512: copy_ring
+    k = 512  # stage k 256 (TilingA) / 512
     # A shape per case, so that each case tunes (and so lists) its own launches.
-    variant = 12 * (not tiling_a) + 6 * (mode == "0") + 2 * [1, 2, 4].index(chunks) + (
-        rows == "uneven")
-    n = 512 + 32 * variant
-    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, mode, chunks, rows), (m, k),
+    n = 512 + 32 * (2 * (not tiling_a) + (rows == "uneven"))
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, "copy_ring", rows), (m, k),
                                       (k, n), jnp.bfloat16)
     tuned = tuned_lines_of_three_calls(self, schedule, x, w)
-    per_stage = batches[chunks] if mode == "1" else None
-    want = [f"fused stages={TP * per_stage}" if per_stage else None] * len(tuned)
-    got = [line[line.index("fused"):].split(":")[0] if "fused" in line else None
-           for line in tuned]
-    self.assertEqual(want, got, tuned)
+    self.assertEqual(rs_paths(), sorted((d.local_hardware_id, "copy_ring") for d in GPUS[:TP]),
+                     tuned)
 
-  @parameterized.parameters("1", "0")
-  def test_back_to_back_calls_alternating_shapes(self, mode):
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
-    check_alternating_calls(self, [(1024, 512, 1024), (512, 1024, 384)], seed=50)  # equal chunks
+  def test_back_to_back_calls_alternating_shapes(self):
+    check_alternating_calls(self, [(1024, 512, 1024), (512, 1024, 384)], seed=50)
 
-  @parameterized.parameters("1", "0")
-  def test_missing_peer_push_times_out_and_recovers(self, mode):
-    # 512 x 512 @ 512 x 1024: stage k 256, two chunks of 128 rows: fused unless mode "0".
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode  # device 1's copy stream never pushes
+  def test_missing_peer_push_times_out_and_recovers(self):
+    # 512 x 512 @ 512 x 1024: stage k 256, two chunks of 128 rows; device 1 never pushes.
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 43)
 
 
 class CudaRsGatherTest(parameterized.TestCase):
-  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, read per call, or
-  the automatic path where it moves no more bytes than the ring):
-  each device pushes its peers the x rows and the w shard they need at the call's start and
-  sums its own rows over every K shard; no running sum travels (executor.cc, EnqueueRsGather).
-  One launch per stage, or one grid with JAX_DISTGEMM_RS_FUSED=1.  Where it does not apply
-  (TilingB, batches) the automatic path runs."""
+  """ReduceScatter TilingA by gathering operands (JAX_DISTGEMM_RS_PATH=gather, or the automatic
+  path where it moves no more bytes than the ring): each device pushes its peers the x rows and
+  the w shard they need at the call's start and sums its own rows over every K shard; no
+  running sum travels (reduce_scatter.cc, EnqueueRsGather).  Where it does not apply (TilingB,
+  batches) the automatic path runs."""
 
-  def tearDown(self):
-    os.environ.pop("JAX_DISTGEMM_RS_PATH", None)
-    os.environ.pop("JAX_DISTGEMM_RS_FUSED", None)
-    super().tearDown()
+  def setUp(self):
+    super().setUp()
+    self.enter_context(test_util.rs_env({}))
 
   def paths(self):
     return rs_paths()
 
-  @parameterized.product(shape=list(SHAPES), with_c=[False, True], mode=["0", "1"])
-  def test_matches_reference(self, shape, with_c, mode):
+  @parameterized.product(shape=list(SHAPES), with_c=[False, True])
+  def test_matches_reference(self, shape, with_c):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
     m, k, n = SHAPES[shape]
-    m += 16 * TP * (3 + with_c + 2 * (mode == "1"))  # a shape of its own: it tunes in the call
+    m += 16 * TP * (3 + with_c)  # a shape of its own: it tunes in the call
     x, w, _ = test_util.random_inputs(test_util.seed_of("gather", shape, with_c), (m, k), (k, n),
                                       jnp.bfloat16)
     c = None
@@ -634,11 +502,9 @@ class CudaRsGatherTest(parameterized.TestCase):
     tuned = tuned_lines_of_three_calls(self, schedule, x, w, c, alpha=alpha, beta=beta)
     self.assertEqual(self.paths(), [(o, "gather") for o in
                                     sorted(d.local_hardware_id for d in GPUS[:TP])], tuned)
-    self.assertEqual([mode == "1"] * len(tuned), ["fused stages=2" in line for line in tuned],
-                     tuned)
 
   def test_automatic_where_it_moves_no_more_bytes(self):
-    # Unset JAX_DISTGEMM_RS_PATH: gather where sk (sm + sn) <= sm sn (problem.h), else the ring.
+    # Unset JAX_DISTGEMM_RS_PATH: gather where sk (sm + sn) <= sm sn (workspace.h), else the ring.
     # Stages: (sm, sk, sn) = (512, 256, 1024): 393216 <= 524288, gather; (256, 512, 512):
     # 524288 > 131072, copy ring (sk <= 2048).
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
@@ -655,29 +521,31 @@ class CudaRsGatherTest(parameterized.TestCase):
     tuned_lines_of_three_calls(self, Schedule.ReduceScatter1D_TilingB_RotatingC, x, w)
     self.assertNotIn("gather", [path for _, path in self.paths()])
 
-  @parameterized.parameters("0", "1")
-  def test_back_to_back_calls_alternating_shapes(self, mode):
+  def test_back_to_back_calls_alternating_shapes(self):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     check_alternating_calls(self, [(768, 512, 1024), (512, 1024, 384)], seed=62)
 
   def test_alternating_with_the_ring_path(self):
     # Calls of the two paths interleave: slots and flags of consecutive calls sit in different
-    # parity halves whichever path each took.
+    # parity halves whichever path each took.  The path is fixed when a call is lowered, so
+    # each path has its own function.
     schedule = Schedule.ReduceScatter1D_TilingA_RotatingC
     x, w, _ = test_util.random_inputs(63, (1024, 512), (512, 768), jnp.bfloat16)
     ref = test_util.reference_np(x, w)
-    f, args = run_global(schedule, x, w)
+    fns = {}
+    for path in ("copy_ring", "gather"):
+      os.environ["JAX_DISTGEMM_RS_PATH"] = path
+      f, args = run_global(schedule, x, w)
+      jax.block_until_ready(f(*args))  # lowered (and so fixed to `path`) here
+      fns[path] = f
     for i in range(6):
       want = "gather" if i % 2 else "copy_ring"
       os.environ["JAX_DISTGEMM_RS_PATH"] = want
-      self.assertLess(test_util.rel_err(f(*args), ref), 1e-2, f"call {i}")
+      self.assertLess(test_util.rel_err(fns[want](*args), ref), 1e-2, f"call {i}")
       self.assertEqual(self.paths(), sorted((d.local_hardware_id, want) for d in GPUS[:TP]), i)
 
-  @parameterized.parameters("0", "1")
-  def test_missing_peer_push_times_out_and_recovers(self, mode):
+  def test_missing_peer_push_times_out_and_recovers(self):
     os.environ["JAX_DISTGEMM_RS_PATH"] = "gather"  # device 1 never pushes its operands
-    os.environ["JAX_DISTGEMM_RS_FUSED"] = mode
     check_timeout_and_recovery(self, Schedule.ReduceScatter1D_TilingA_RotatingC, 64)
 
 

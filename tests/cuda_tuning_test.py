@@ -83,7 +83,7 @@ class CudaTuningFileTest(absltest.TestCase):
     loaded = {**entry, "config": other, "raster": 2, "swizzle": 2, "ms": 123.5}
     path = os.path.join(self.dir, "t.json")
     with open(path, "w") as f:
-      json.dump({"format": "jax_distgemm tuning", "version": 1, "entries": [loaded]}, f)
+      json.dump({"format": "jax_distgemm tuning", "version": 2, "entries": [loaded]}, f)
     jd.clear_tuning()
     self.assertEqual(shape_lines(jd.describe_tuning()), [])
     same_model = [g for g in GPUS if g.device_kind == GPUS[0].device_kind]
@@ -100,6 +100,22 @@ class CudaTuningFileTest(absltest.TestCase):
                if (e["m"], e["n"], e["k"]) == (M, N, K) and e["gpu"] == entry["gpu"]]
     self.assertIn(loaded, saved)
 
+  def test_a_version_1_file_loads(self):
+    # A version 1 record of the one timing mode left loads; its call trial's fields are ignored.
+    entry = self.tuned_entry()
+    v1 = {**entry, "ms": 99.5, "tune_mode": "sustained", "turn_heat_ms": -1,
+          "call_trials": True, "call_ms": [-1.0, -1.0]}
+    path = os.path.join(self.dir, "v1.json")
+    with open(path, "w") as f:
+      json.dump({"format": "jax_distgemm tuning", "version": 1, "entries": [v1]}, f)
+    jd.clear_tuning()
+    same_model = [g for g in GPUS if g.device_kind == GPUS[0].device_kind]
+    self.assertEqual(jd.load_tuning(path), len(same_model))
+    self.check_output()
+    lines = [ln for ln in shape_lines(jd.describe_tuning()) if ln.startswith("device 0 ")]
+    self.assertLen(lines, 1, jd.describe_tuning())
+    self.assertIn("(99.5 ms)", lines[0])
+
   def test_an_invalid_record_installs_nothing(self):
     entry = self.tuned_entry()
     before = jd.describe_tuning()
@@ -115,7 +131,7 @@ class CudaTuningFileTest(absltest.TestCase):
         # The good record first: a bad one later must still keep it from being installed.
         good = {**entry, "ms": 77.25}
         with open(path, "w") as f:
-          json.dump({"format": "jax_distgemm tuning", "version": 1, "entries": [good, bad]}, f)
+          json.dump({"format": "jax_distgemm tuning", "version": 2, "entries": [good, bad]}, f)
         with self.assertRaisesRegex(ValueError, re.escape(path) + ".*" + rule):
           jd.load_tuning(path)
         self.assertEqual(jd.describe_tuning(), before)

@@ -1,6 +1,6 @@
 """The host meetings (cc/common/rendezvous.cc, shm_exchange.cc) under sanitizers, without XLA.
 
-tools/rendezvous_stress.cc drives Session/SessionExchange and ShmExchange from TP threads,
+tests/rendezvous_stress.cc drives Session/SessionExchange and ShmExchange from TP threads,
 with ranks that stop mid-meeting; compiled here with the system C++ compiler under
 -fsanitize=thread and -fsanitize=address,undefined, so every access of ours is instrumented on
 both sides (run under Python, XLA's uninstrumented threads hide them: docs/reliability.md,
@@ -17,7 +17,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-SOURCES = ("tools/rendezvous_stress.cc", "cc/common/rendezvous.cc", "cc/common/shm_exchange.cc")
+SOURCES = ("tests/rendezvous_stress.cc", "cc/common/rendezvous.cc", "cc/common/shm_exchange.cc")
 SANITIZERS = {
     "thread": ("-fsanitize=thread", {"TSAN_OPTIONS": "halt_on_error=1 exitcode=66"}),
     "address_undefined": ("-fsanitize=address,undefined -fno-sanitize-recover=undefined",

@@ -34,9 +34,9 @@ from jax_distgemm import Schedule  # noqa: E402
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
-# The ReduceScatter path switches, read per call by both executors (cc/common/rs_path.h) and by
-# the Python mirror (cuda_rules.rs_path).
-RS_SWITCHES = ("JAX_DISTGEMM_RS_PATH", "JAX_DISTGEMM_RS_FUSED")
+# The ReduceScatter path switch, read when a call is lowered (config.rs_path_override) and
+# passed to both executors as the call's rs_path attribute.
+RS_SWITCHES = ("JAX_DISTGEMM_RS_PATH",)
 
 
 @contextlib.contextmanager

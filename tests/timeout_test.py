@@ -127,8 +127,8 @@ class TimeoutTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("asked_for", {"JAX_DISTGEMM_RS_PATH": "gather"}, None),
-      # Unset: automatic where the operands are no more bytes than a running sum (problem.h,
-      # RsGatherMovesNoMore).  x (128, 64) @ w (64, 64) at TP=4: stage (sm, sk, sn) =
+      # Unset: automatic where the operands are no more bytes than a running sum (workspace.h,
+      # ChooseRsPath).  x (128, 64) @ w (64, 64) at TP=4: stage (sm, sk, sn) =
       # (32, 16, 64), 16 x 96 <= 32 x 64.  (The default shapes above are 16 x 40 > 8 x 32.)
       ("automatic", {}, ((128, 64), (64, 64))),
   )
@@ -147,12 +147,12 @@ class TimeoutTest(parameterized.TestCase):
       self.assertCorrect(f, x, w, ref)
 
   @parameterized.named_parameters(
-      ("fused_all", {"JAX_DISTGEMM_RS_FUSED": "all"}),
       ("ring_asked_for", {"JAX_DISTGEMM_RS_PATH": "copy_ring"}),
+      ("remote_c_asked_for", {"JAX_DISTGEMM_RS_PATH": "remote_c"}),
   )
   def test_rs_gather_not_taken_where_switched_off(self, env):
-    """At a shape where the automatic path gathers, JAX_DISTGEMM_RS_FUSED=all or another asked-for
-    path runs the ring instead (cc/common/rs_path.h, RsGatherChosen): a peer that stops before
+    """At a shape where the automatic path gathers, another asked-for path runs the ring
+    instead (cc/common/workspace.h, ChooseRsPath): a peer that stops before
     the second barrier is then reported at the ring's stage 0, not at the gather's closing
     barrier."""
     mesh = tu.mesh_1d(4)
@@ -229,8 +229,7 @@ class XlaCpuPoolTest(absltest.TestCase):
 
   def _probe(self, implementation):
     # XLA's bound is cut to 6 s so that a regression fails fast.
-    probe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                         "cpu_pool_probe.py")
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_pool_probe.py")
     flags = os.environ.get("XLA_FLAGS", "")
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"{flags} --xla_cpu_collective_call_terminate_timeout_seconds=6")

@@ -16,10 +16,16 @@ from jax_distgemm._src import runtime
 ENTRY = {
     "gpu": "NVIDIA H200", "sm_count": 132, "ab_type": "bfloat16", "d_type": "bfloat16",
     "has_c": False, "m": 4096, "n": 14336, "k": 8192, "batch": 1, "shared_b": False,
-    "fused_stages": 2, "tune_mode": "sustained", "turn_heat_ms": -1, "call_trials": True,
-    "config": "Cooperative 128x256x64 cluster 1x1", "raster": 1, "swizzle": 8, "ms": 2.9,
-    "call_ms": [-1.0, -1.0],
+    "fused_stages": 2, "config": "Cooperative 128x256x64 cluster 1x1", "raster": 1,
+    "swizzle": 8, "ms": 2.9,
 }
+# The same choice as a version 1 file recorded it: how it was timed, and a call trial's fields.
+V1_ENTRY = {**ENTRY, "tune_mode": "sustained", "turn_heat_ms": -1, "call_trials": True,
+            "call_ms": [-1.0, -1.0]}
+
+
+def v1_file(entries):
+  return {"format": runtime.TUNING_FORMAT, "version": 1, "entries": entries}
 
 
 def tuning_file(entries):
@@ -72,9 +78,9 @@ class TuningFileTest(parameterized.TestCase):
   def test_without_the_cuda_module(self):
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=None):
       self.assertEqual(jd.save_tuning(self.path), 0)
-      self.write({"format": runtime.TUNING_FORMAT, "version": 1, "entries": [ENTRY]})
+      self.write(tuning_file([ENTRY]))
       self.assertEqual(jd.load_tuning(self.path), 0)  # checked, nothing to install it on
-      self.write({"format": runtime.TUNING_FORMAT, "version": 1, "entries": [{"m": 1}]})
+      self.write(tuning_file([{"m": 1}]))
       with self.assertRaisesRegex(ValueError, "missing field"):
         jd.load_tuning(self.path)
       jd.clear_tuning()  # a no-op
@@ -85,13 +91,51 @@ class TuningFileTest(parameterized.TestCase):
       jd.clear_tuning()
     fake.clear_tuning.assert_called_once_with()
 
+  def test_version_1_file_loads_as_version_2(self):
+    # A version 1 record tuned the way the tuner still tunes loads without its timing fields;
+    # its call trial's fields are ignored, whatever they say.
+    trial = {**V1_ENTRY, "m": 2048, "call_trials": False, "call_ms": [3.5, 3.25]}
+    self.write(v1_file([V1_ENTRY, trial]))
+    fake = fake_module(installed=4)
+    with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
+      self.assertEqual(jd.load_tuning(self.path), 4)
+    fake.import_tuning.assert_called_once_with([ENTRY, {**ENTRY, "m": 2048}])
+
+  def test_version_1_file_is_rewritten_as_version_2_when_merged(self):
+    self.write(v1_file([V1_ENTRY]))
+    fake = fake_module([{**ENTRY, "n": 4096}])
+    with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
+      self.assertEqual(runtime._save_tuning(self.path, keep_existing=True), (1, 1))
+    with open(self.path) as f:
+      self.assertEqual(json.load(f), tuning_file([ENTRY, {**ENTRY, "n": 4096}]))
+
+  @parameterized.named_parameters(
+      ("coarse", {"tune_mode": "coarse"}, "tune_mode 'coarse' with turn_heat_ms -1"),
+      ("burst", {"tune_mode": "burst"}, "tune_mode 'burst' with turn_heat_ms -1"),
+      ("fixed_turn_heat", {"turn_heat_ms": 50}, "tune_mode 'sustained' with turn_heat_ms 50"),
+  )
+  def test_version_1_record_of_a_cut_timing_mode_fails(self, change, what):
+    # The good record first: the bad one (entry 1) must still keep it from being installed.
+    self.write(v1_file([V1_ENTRY, {**V1_ENTRY, **change}]))
+    fake = fake_module()
+    with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
+      with self.assertRaises(ValueError) as cm:
+        jd.load_tuning(self.path)
+    msg = str(cm.exception)
+    self.assertIn(f"jax_distgemm.load_tuning: {self.path}: entry 1: {what}", msg)
+    self.assertIn("a version 1 record loads only if it was tuned the way this jax_distgemm "
+                  "tunes (tune_mode 'sustained', turn_heat_ms -1)", msg)
+    fake.import_tuning.assert_not_called()
+
   @parameterized.named_parameters(
       ("not_json", "{", "is not JSON"),
       ("not_an_object", [], "is not a jax_distgemm tuning file"),
       ("other_format", {"format": "x", "version": 1, "entries": []}, "is not a jax_distgemm"),
       ("no_entries", {"format": runtime.TUNING_FORMAT, "version": 1}, "a list 'entries'"),
-      ("newer_version", {"format": runtime.TUNING_FORMAT, "version": 2, "entries": []},
-       "has version 2; this jax_distgemm reads version 1"),
+      ("newer_version", {"format": runtime.TUNING_FORMAT, "version": 3, "entries": []},
+       "has version 3; this jax_distgemm reads versions 1 and 2"),
+      ("version_0", {"format": runtime.TUNING_FORMAT, "version": 0, "entries": []},
+       "has version 0;"),
       ("entry_not_object", tuning_file([7]), "entry 0: each entry must be a JSON object"),
       ("missing_field", tuning_file([{k: v for k, v in ENTRY.items() if k != "swizzle"}]),
        "entry 0: missing field.* swizzle"),
@@ -99,13 +143,17 @@ class TuningFileTest(parameterized.TestCase):
       ("int_for_bool", tuning_file([{**ENTRY, "has_c": 1}]), "field 'has_c' must be bool, got 1"),
       ("string_for_number", tuning_file([{**ENTRY, "ms": "2.9"}]),
        "field 'ms' must be int or float"),
-      ("call_ms_length", tuning_file([{**ENTRY, "call_ms": [1.0]}]),
-       "'call_ms' must be a list of two"),
+      ("v1_missing_timing", v1_file([{k: v for k, v in V1_ENTRY.items() if k != "tune_mode"}]),
+       "entry 0: missing field.* tune_mode"),
+      ("v1_bad_timing_type", v1_file([{**V1_ENTRY, "turn_heat_ms": "-1"}]),
+       "field 'turn_heat_ms' must be int"),
+      ("v2_missing_field", tuning_file([{k: v for k, v in ENTRY.items() if k != "config"}]),
+       "entry 0: missing field.* config"),
       ("zero_extent", tuning_file([ENTRY, {**ENTRY, "k": 0}]),
        "entry 1: field 'k' must be >= 1, got 0"),
       # JSON's true and 1.0 compare equal to 1, but are not version 1.
       ("bool_version", {**tuning_file([ENTRY]), "version": True},
-       "has version True; this jax_distgemm reads version 1"),
+       "has version True; this jax_distgemm reads versions 1 and 2"),
       ("float_version", {**tuning_file([ENTRY]), "version": 1.0}, "has version 1.0;"),
       ("nested_too_deeply", "[" * 100000 + "]" * 100000, "is not JSON: nested too deeply"),
   )
@@ -176,7 +224,7 @@ class TuningFileTest(parameterized.TestCase):
       self.assertEqual(json.load(f)["entries"], [ENTRY, new_shape])
 
   def test_module_errors_name_the_file(self):
-    self.write({"format": runtime.TUNING_FORMAT, "version": 1, "entries": [ENTRY]})
+    self.write(tuning_file([ENTRY]))
     fake = fake_module()
     fake.import_tuning.side_effect = ValueError("tuning record 0 (...): unknown kernel config")
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):

@@ -615,12 +615,12 @@ class WorkspaceEstimateTest(absltest.TestCase):
                      2 * 3 * 64 * 32 * 2)
     # RS: running sums of one output tile, in the output dtype, 256-byte slots, as many as the
     # executor's path takes (cuda_rules.rs_path): stage k = 64 <= 2048, so the copy ring's
-    # 2 (TP-1), or TP-1 for fused remote C.
+    # 2 (TP-1), or TP-1 for remote C.
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4),
                      2 * 6 * 256)  # 2*2*32 bf16 = 256 bytes
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4,
                                                 jnp.float32), 2 * 6 * 512)
-    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_FUSED": "all"}):
+    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "remote_c"}):
       self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_A, 4),
                        2 * 3 * 256)
     self.assertEqual(cuda_rules.workspace_bytes((2, 8, 64), (64, 32), bf16, RS_B, 4),
@@ -637,20 +637,34 @@ class WorkspaceEstimateTest(absltest.TestCase):
     gather = 2 * 3 * (32 * 16 * 2 + 16 * 64 * 2 + 32 * 64 * 2)
     ring = 2 * 6 * 32 * 64 * 2  # the copy ring (stage k <= 2048)
     cases = ({}, gather), ({"JAX_DISTGEMM_RS_PATH": "copy_ring"}, ring), (
-        {"JAX_DISTGEMM_RS_PATH": "remote_c"}, ring // 2), (
-        {"JAX_DISTGEMM_RS_PATH": "copy_add"}, ring // 2), (  # TP=4: remote C instead
-        {"JAX_DISTGEMM_RS_FUSED": "all"}, ring // 2)
+        {"JAX_DISTGEMM_RS_PATH": "remote_c"}, ring // 2)
     for env, want in cases:
       with self.subTest(env=env), tu.rs_env(env):
         self.assertEqual(cuda_rules.workspace_bytes((128, 16), (16, 64), bf16, RS_A, 4), want)
-    # TilingB never gathers; at TP=2 copy-add keeps its 2 slots.
-    self.assertEqual(cuda_rules.rs_path(RS_B, 4, 1, False, 128, 16, 16), "copy_ring")
-    with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "copy_add"}):
-      self.assertEqual(cuda_rules.rs_path(RS_A, 2, 1, False, 256, 4096, 64), "copy_add")
+    # TilingB never gathers.
+    self.assertEqual(cuda_rules.rs_path(RS_B, 4, (128, 16), (16, 64)), "copy_ring")
     # A batched problem falls back from an asked-for gather to the automatic ring paths.
     with mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "gather"}):
-      self.assertEqual(cuda_rules.rs_path(RS_A, 4, 2, False, 32, 16, 64), "copy_ring")
-      self.assertEqual(cuda_rules.rs_path(RS_A, 4, 2, False, 32, 4096, 64), "remote_c")
+      self.assertEqual(cuda_rules.rs_path(RS_A, 4, (2, 128, 16), (16, 64)), "copy_ring")
+      self.assertEqual(cuda_rules.rs_path(RS_A, 4, (2, 128, 4096), (4096, 64)), "remote_c")
+    self.assertEqual(cuda_rules.rs_path(AG_A, 4, (128, 16), (16, 64)), "")
+
+  def test_the_rule_is_the_extensions(self):
+    # The path and the workspace come from cc/common/workspace.h through the CPU module; the
+    # CUDA module, where built, answers the same.
+    from jax_distgemm import ffi as ffi_modules  # noqa: PLC0415
+    modules = [ffi_modules.module_for("cpu")] + (
+        [ffi_modules.module_for("cuda")] if ffi_modules.has_cuda() else [])
+    for module in modules:
+      self.assertEqual(module.rs_path(int(RS_A), 4, [128, 16], [16, 64]), "gather")
+      self.assertEqual(module.rs_path(int(RS_A), 4, [128, 16], [16, 64], override=2),
+                       "copy_ring")
+      self.assertEqual(module.workspace_bytes(int(AG_B), 4, [2, 8, 64], [64, 32], "bfloat16",
+                                              "bfloat16"), 2 * 3 * 64 * 32 * 2)
+      with self.assertRaisesRegex(ValueError, "rows of x \\(M=6\\) must be divisible by TP=4"):
+        module.workspace_bytes(int(RS_A), 4, [6, 16], [16, 8], "bfloat16", "bfloat16")
+      with self.assertRaisesRegex(ValueError, "override: unknown RsPath 9"):
+        module.rs_path(int(RS_A), 4, [128, 16], [16, 64], override=9)
 
 
 def jax_distgemm_has_cuda() -> bool:
@@ -745,6 +759,48 @@ class HandlerValidationTest(absltest.TestCase):
     # Local out of RS_B is [8, 2]; c is passed replicated as [8, 3].
     self.assertHandlerError("c: must have the output's shape [8, 2], got [8, 3]", RS_B, (8, 16),
                             (16, 8), c_shape=(8, 3))
+
+
+class RsPathAttributeTest(absltest.TestCase):
+  """JAX_DISTGEMM_RS_PATH, a test hook read when a call is lowered into the call's rs_path
+  attribute (config.rs_path_override), and the handler's check of that attribute.  Not a user
+  input: no row in the bad-input table."""
+
+  run_bound = HandlerValidationTest.run_bound
+  assertProcessUsable = HandlerValidationTest.assertProcessUsable
+
+  def lowered(self, schedule):
+    mesh = tu.mesh_1d(TP)
+    xs, ws, os_ = tu.specs(schedule, 0)
+    f = jax.jit(jax.shard_map(dm(schedule, implementation="ffi"), mesh=mesh,
+                              in_specs=(xs, ws), out_specs=os_))
+    return f.lower(_sds((16, 16), jnp.float32, mesh, xs),
+                   _sds((16, 8), jnp.float32, mesh, ws)).as_text()
+
+  def test_names_become_the_attribute(self):
+    self.assertEqual(config.RS_PATHS, {"remote_c": 1, "copy_ring": 2, "gather": 3})
+    for env, want in [({}, 0)] + [({"JAX_DISTGEMM_RS_PATH": k}, v)
+                                  for k, v in config.RS_PATHS.items()]:
+      with self.subTest(env=env), tu.rs_env(env):
+        self.assertEqual(config.rs_path_override(), want)
+        self.assertRegex(self.lowered(RS_A), rf"rs_path = {want} : i32")
+        # AllGather calls carry 0 whatever the switch says.
+        self.assertRegex(self.lowered(AG_A), r"rs_path = 0 : i32")
+
+  def test_bad_name_is_refused_at_lowering(self):
+    with tu.rs_env({"JAX_DISTGEMM_RS_PATH": "push"}):
+      with self.assertRaisesRegex(ValueError, re.escape(
+          "JAX_DISTGEMM_RS_PATH must be 'remote_c', 'copy_ring', 'gather' or unset, got "
+          "'push'")):
+        self.lowered(RS_A)
+
+  def test_handler_refuses_an_unknown_value(self):
+    with mock.patch.object(config, "rs_path_override", return_value=7):
+      with self.assertRaisesRegex(jax.errors.JaxRuntimeError, re.escape(
+          "INVALID_ARGUMENT: jax_distgemm: rs_path: unknown value 7 (0 automatic, 1 remote_c, "
+          "2 copy_ring, 3 gather)")):
+        self.run_bound(RS_A, (16, 16), (16, 8))
+    self.assertProcessUsable()
 
 
 def _doc_rows():

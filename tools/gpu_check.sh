@@ -14,8 +14,8 @@
 # cases with a gathered result among them, every case back to back with no synchronization
 # between calls (--sequence 1, at TP 2, 3, 4, 8), a control run that must fail, and at TP 2 and 8 a
 # dead peer in the gathered cases, which must end in timeouts, not a hang
-# (tools/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a
-# CMake build with -DJAX_DISTGEMM_BUILD_TOOLS=ON; in the default run a missing binary is logged
+# (tests/cuda/virtual_group_check.cu; needs the binary carried as .carry/virtual_group_check, from a
+# CMake build with -DJAX_DISTGEMM_BUILD_TESTS=ON; in the default run a missing binary is logged
 # as NOT RUN, with --virtual-tp-only it fails).  Runs on the one-GPU kind too; VTP_TIMEOUT per
 # run (default 60 s); VTP_ARGS, more arguments for every run (e.g. "--group-per-case 1").
 #
@@ -53,7 +53,7 @@ log() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 virtual_tp() {
   local bin=$ROOT/.carry/virtual_group_check rc tp failed=0
   if [[ ! -x "$bin" ]]; then
-    log "virtual TP check: NOT RUN (no .carry/virtual_group_check; build it with -DJAX_DISTGEMM_BUILD_TOOLS=ON)"
+    log "virtual TP check: NOT RUN (no .carry/virtual_group_check; build it with -DJAX_DISTGEMM_BUILD_TESTS=ON)"
     return 2
   fi
   # name: arguments.  TP 3, 5, 6, 7 at 1680 (divisible by each, 16-byte rows, partial tiles);
@@ -180,7 +180,6 @@ if [[ "$MODE" == --mp-only || ( "$MODE" == all && "${SKIP_MP:-0}" != 1 ) ]]; the
   [[ $rc -ne 0 ]] && status=1
   if [[ "${MP_TIMING:-1}" != 0 ]]; then
     # The seed shape, every schedule: 2 processes x 1 GPU vs 1 process x 2 GPUs, same timing code.
-    # 150 warm-up calls: the AllGather grids' call trials (~116 calls there) end before timing.
     SEED=(--timing-only --m 16384 --k 16384 --n 106496 --timing-iterations 10 --timing-repeats 5
           --timing-warmup 150
           --checks AllGather1D_TilingCD_RotatingA,AllGather1D_TilingCD_RotatingB,ReduceScatter1D_TilingA_RotatingC,ReduceScatter1D_TilingB_RotatingC

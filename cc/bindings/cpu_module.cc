@@ -41,6 +41,7 @@ NB_MODULE(_distgemm_cpu, m) {
   });
   jax_distgemm::AddShmBindings(m);
   m.def("schedule_table", &jax_distgemm::ScheduleTableList);
+  jax_distgemm::AddWorkspaceBindings(m);  // the CUDA executor's path and workspace rule
   m.def("set_fault_device", &jax_distgemm::SetCpuFaultDevice, nb::arg("device"),
         nb::arg("phase") = -1,
         "Test hook: the handler on this device (global id, the ordinal in one process) stops "

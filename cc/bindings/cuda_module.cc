@@ -1,7 +1,6 @@
 // Python module for the CUDA executor: the FFI registrations plus the host hooks the package
 // needs (device-id table, recovery, tuning report, test hooks).
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -11,7 +10,6 @@
 #include "cc/bindings/module_common.h"
 #include "cc/cuda/autotune.h"
 #include "cc/cuda/distgemm_cuda.h"
-#include "cc/cuda/stage_trace.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/tuple.h"
@@ -33,6 +31,7 @@ NB_MODULE(_distgemm_cuda, m) {
   });
   jax_distgemm::AddShmBindings(m);  // cross-process groups: the setup meeting (peer_ipc.cc)
   m.def("schedule_table", &jax_distgemm::ScheduleTableList);
+  jax_distgemm::AddWorkspaceBindings(m);
   m.def("reset", &jax_distgemm::cuda::ResetAll,
         "Drain all devices, zero flags and epochs, clear sticky errors. Returns '' or an error.");
   m.def("pending_error", &jax_distgemm::cuda::PendingErrors);
@@ -55,14 +54,10 @@ NB_MODULE(_distgemm_cuda, m) {
           d["batch"] = r.batch;
           d["shared_b"] = r.shared_b;
           d["fused_stages"] = r.fused_stages;
-          d["tune_mode"] = r.tune_mode;
-          d["turn_heat_ms"] = r.turn_heat_ms;
-          d["call_trials"] = r.call_trials;
           d["config"] = r.config;
           d["raster"] = r.raster;
           d["swizzle"] = r.swizzle;
           d["ms"] = r.ms;
-          d["call_ms"] = std::vector<float>{r.call_ms[0], r.call_ms[1]};
           out.append(d);
         }
         return out;
@@ -87,15 +82,10 @@ NB_MODULE(_distgemm_cuda, m) {
           r.batch = nb::cast<int64_t>(d["batch"]);
           r.shared_b = nb::cast<bool>(d["shared_b"]);
           r.fused_stages = nb::cast<int>(d["fused_stages"]);
-          r.tune_mode = nb::cast<std::string>(d["tune_mode"]);
-          r.turn_heat_ms = nb::cast<int>(d["turn_heat_ms"]);
-          r.call_trials = nb::cast<bool>(d["call_trials"]);
           r.config = nb::cast<std::string>(d["config"]);
           r.raster = nb::cast<int>(d["raster"]);
           r.swizzle = nb::cast<int>(d["swizzle"]);
           r.ms = nb::cast<float>(d["ms"]);
-          const auto call_ms = nb::cast<std::vector<float>>(d["call_ms"]);
-          for (size_t i = 0; i < 2 && i < call_ms.size(); ++i) r.call_ms[i] = call_ms[i];
           rs.push_back(r);
         }
         int installed = 0;
@@ -106,18 +96,17 @@ NB_MODULE(_distgemm_cuda, m) {
       },
       nb::arg("records"));
   m.def("clear_tuning", &jax_distgemm::cuda::ClearTuning,
-        "Forget every tuned choice and call trial: each shape tunes again at its next call.");
+        "Forget every tuned choice: each shape tunes again at its next call.");
   m.def("copy_stream_reports", &jax_distgemm::cuda::CopyStreamReports,
         "(ordinal, candidates, independent, note, group, rank) per initialized device of each "
         "peer group: how many streams were tried for its copy stream and whether a blocked wait "
-        "on the kept one leaves XLA's compute stream free (1 yes, 0 no, -1 not probed; "
-        "JAX_DISTGEMM_COPY_STREAM=plain keeps the first, =unchecked keeps it unprobed); group: "
+        "on the kept one leaves XLA's compute stream free (1 yes, 0 no, -1 not probed); group: "
         "the members' local ordinals in rank order (-1: another process's), rank: this "
         "device's.");
   m.def("last_rs_paths", &jax_distgemm::cuda::LastRsPaths,
         "(ordinal, group, path) per initialized device of each peer group: the ReduceScatter "
-        "data path its last ReduceScatter call took (remote_c, push, copy_add, copy_ring, "
-        "gather; '' if none yet); group as in copy_stream_reports.");
+        "data path its last ReduceScatter call took (remote_c, copy_ring, gather; '' if none "
+        "yet); group as in copy_stream_reports.");
   m.def("set_fault_device", &jax_distgemm::cuda::SetCudaFaultDevice, nb::arg("ordinal"),
         nb::arg("kind") = 0,
         "Test hook: this device ordinal (-1: none) misbehaves; kind 0: it never delivers to its "
@@ -132,26 +121,6 @@ NB_MODULE(_distgemm_cuda, m) {
     cudaSetDevice(prev);
     return std::make_tuple(free_b, total_b);
   });
-  m.def(
-      "trace_records",
-      [](bool clear) {
-        // JAX_DISTGEMM_TRACE=1: (device, call, stage, chunk, start_ns, ready_ns, end_ns) of
-        // every stage GEMM so far (stage_trace.h).  Synchronizes the traced devices.
-        std::vector<jax_distgemm::cuda::TraceRecord> records;
-        if (std::string err = jax_distgemm::cuda::TraceDump(clear, &records); !err.empty()) {
-          throw std::runtime_error(err);
-        }
-        std::vector<std::tuple<int, int64_t, int, int, uint64_t, uint64_t, uint64_t>> out;
-        out.reserve(records.size());
-        for (const auto& r : records) {
-          out.emplace_back(r.device, r.call, r.stage, r.chunk, r.start, r.ready, r.end);
-        }
-        return out;
-      },
-      nb::arg("clear") = false);
   m.def("set_sync_check", &jax_distgemm::cuda::SetSyncCheck,
         "Synchronize after every call so that a timed-out wait fails that same call.");
-  m.def("set_fused_stages", &jax_distgemm::cuda::SetFuseStages,
-        "AllGather: run all stages of a call in one fused grid (default: on, unless "
-        "JAX_DISTGEMM_AG_FUSED=0) or one GEMM per stage.");
 }

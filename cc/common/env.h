@@ -15,10 +15,4 @@ inline bool EnvEquals(const char* name, const char* value) {
 // True when `name` is set to "1".
 inline bool EnvFlag(const char* name) { return EnvEquals(name, "1"); }
 
-// The integer value of `name`; 0 when unset.
-inline int EnvInt(const char* name) {
-  const char* e = std::getenv(name);
-  return e == nullptr ? 0 : std::atoi(e);
-}
-
 }  // namespace jax_distgemm

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cc/common/problem.h"
+#include "cc/common/workspace.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_distgemm {
@@ -41,6 +42,7 @@ struct CallAttrs {
   float beta;
   int64_t call_id;     // identifies the call site within the program (rendezvous key)
   int64_t timeout_ms;  // bound on every wait for a peer
+  int32_t rs_path;     // RsPath: the ReduceScatter path asked for, kRsAuto to choose per shape
 };
 
 // Decodes buffers + attributes into `problem`; the error names the argument at fault.
@@ -49,6 +51,10 @@ inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w
                                 const CallAttrs& a, Problem* problem) {
   if (a.tp < 1 || a.tp > 1024) return InvalidArgument("tp: must be in [1, 1024]");
   if (a.timeout_ms <= 0) return InvalidArgument("timeout_ms: must be positive");
+  if (RsPathName(a.rs_path)[0] == '\0' && a.rs_path != kRsAuto) {
+    return InvalidArgument("rs_path: unknown value " + std::to_string(a.rs_path) +
+                           " (0 automatic, 1 remote_c, 2 copy_ring, 3 gather)");
+  }
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto od = out.dimensions();

@@ -86,20 +86,6 @@ int64_t Problem::GatheredWidth() const {
 
 MatrixView Problem::PartialView() const { return MatrixView{0, sn(), sm() * sn()}; }
 
-bool RsGatherApplies(const Problem& p) {
-  return p.schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC && p.tp > 1 &&
-         p.batch == 1 && !p.w_batched;
-}
-
-bool RsGatherMovesNoMore(const Problem& p) {
-  return p.sk() * (p.sm() + p.sn()) <= p.sm() * p.sn();
-}
-
-bool RsGatherChosen(const Problem& p, bool requested, bool automatic, bool fused_all) {
-  return RsGatherApplies(p) &&
-         (requested || (automatic && !fused_all && RsGatherMovesNoMore(p)));
-}
-
 std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,
                         const int64_t* w_dims, int w_rank, const int64_t* out_dims, int out_rank,
                         ElemType x_type, ElemType w_type, ElemType out_type, bool has_c,

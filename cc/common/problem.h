@@ -69,23 +69,6 @@ struct Problem {
 // disagreement: schedule, TP, dtypes, local extents, c, alpha and beta.
 std::string CallSignature(const Problem& p);
 
-// Whether ReduceScatter by gathering operands (ReduceScatter1D_TilingA_Gather) can run `p`:
-// TilingA, TP > 1, one batch and an unbatched w (the x rows a peer needs and w are then each
-// one contiguous block).
-bool RsGatherApplies(const Problem& p);
-
-// Whether, for that path, the operands a device needs from each peer (x's rows of its block,
-// sm x sk, and w, sk x sn) are no more bytes than the running sum (sm x sn) each ring stage
-// moves: sk (sm + sn) <= sm sn.  Where they are, the automatic ReduceScatter path gathers
-// (they travel from the call's start; a running sum only exists once a stage has run).
-bool RsGatherMovesNoMore(const Problem& p);
-
-// Whether a ReduceScatter call gathers: where it applies, when JAX_DISTGEMM_RS_PATH asks for it
-// (`requested`), or on the automatic path (`automatic`: no path asked for) where it moves no
-// more bytes, unless JAX_DISTGEMM_RS_FUSED=all asks for fused remote C (`fused_all`).  The
-// one rule of both executors (CUDA ChooseRsPath, the CPU executor's mirror of it).
-bool RsGatherChosen(const Problem& p, bool requested, bool automatic, bool fused_all);
-
 // Builds the problem from the local buffer shapes.  Returns an empty string on success, else a
 // message that names the offending argument and the rule it breaks.
 std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, int x_rank,

@@ -36,8 +36,8 @@
 #include "cc/common/device_ids.h"
 #include "cc/common/ffi_helpers.h"
 #include "cc/common/rendezvous.h"
-#include "cc/common/rs_path.h"
 #include "cc/common/shm_exchange.h"
+#include "cc/common/workspace.h"
 #include "cc/cpu/gemm_cpu.h"
 #include "cc/schedules/ring_1d.h"
 
@@ -167,14 +167,12 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
                    timeout);
 }
 
-// Where the CUDA executor would gather (its ChooseRsPath, executor.cc): JAX_DISTGEMM_RS_PATH=
-// gather, or the automatic path where gathering moves no more bytes than the ring and
-// JAX_DISTGEMM_RS_FUSED is not "all"; only where it applies.  ReduceScatter TilingA by gathering
-// operands, as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
-// cc/schedules/ring_1d.h).  Read per call; the same in every process of a group, as on CUDA.
-bool RsGatherRequested(const Problem& p) {
-  const RsPath path = RsPathFromEnv();
-  return RsGatherChosen(p, path == kRsGather, path == kRsAuto, RsFusedFromEnv() == kRsFusedAll);
+// Whether the call gathers where the CUDA executor would (ChooseRsPath, the one rule of both
+// executors; `rs_path` is the call's attribute).  ReduceScatter TilingA by gathering operands,
+// as the CUDA executor's kGather path runs it (ReduceScatter1D_TilingA_Gather,
+// cc/schedules/ring_1d.h).
+bool RsGatherRequested(const Problem& p, int rs_path) {
+  return ChooseRsPath(p, rs_path) == kRsGather;
 }
 
 std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,
@@ -238,6 +236,7 @@ struct CpuCall {
   const void* c = nullptr;
   void* out = nullptr;
   void* gathered = nullptr;  // AllGather's optional second result
+  int rs_path = kRsAuto;  // the call's attribute
   std::chrono::milliseconds timeout{0};
   // In-process meeting: the session key.  Cross-process: the channel and its occurrence.
   bool cross_process = false;
@@ -254,7 +253,7 @@ struct CpuCall {
                     S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
         return RunAllGather<S>(p, rank, device_id, ex, x, w, c, out, gathered, timeout);
       } else {
-        if (RsGatherRequested(p)) {
+        if (RsGatherRequested(p, rs_path)) {
           return RunReduceScatterGather(p, rank, device_id, ex, x, w, c, out, timeout);
         }
         return RunReduceScatter<S>(p, rank, device_id, ex, x, w, c, out, timeout);
@@ -267,7 +266,7 @@ struct CpuCall {
     std::string s = CallSignature(p) + (gathered != nullptr ? " gathered=yes" : " gathered=no");
     if (p.schedule == ScheduleKind::kReduceScatter1D_TilingA_RotatingC ||
         p.schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC) {
-      s += RsGatherRequested(p) ? " rs_path=gather" : " rs_path=ring";
+      s += RsGatherRequested(p, rs_path) ? " rs_path=gather" : " rs_path=ring";
     }
     return s;
   }
@@ -308,8 +307,8 @@ struct CpuCall {
 // once (a shard_map body, a jit reused in one program; mlir._lower_jaxpr_to_fun_cached) and
 // XLA inlines it at every use, so e.g. three same-shaped projections of one input carry one
 // call_id.  XLA:CPU runs independent thunks in any order, different on each device, so pairing
-// them by occurrence alone met one device's call with another call of its peer (wrong shards,
-// no error; seen at >= 10 independent calls, 2026-12-02).  The instantiate stage runs once per
+// them by occurrence alone can meet one device's call with another call of its peer (wrong
+// shards, no error).  The instantiate stage runs once per
 // instruction and its state is shared by the process's devices: its index among the sites of
 // its call_id joins the rendezvous key.
 // ASSUMPTION (across processes): every process builds the same executables in the same order
@@ -368,8 +367,9 @@ ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite*
                             ffi::Result<ffi::AnyBuffer> out,
                             std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
                             int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id_attr, int64_t timeout_ms) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id_attr, timeout_ms};
+                            float alpha, float beta, int64_t call_id_attr, int64_t timeout_ms,
+                            int32_t rs_path) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id_attr, timeout_ms, rs_path};
   if (site->index >= (int64_t{1} << 15) || (call_id_attr & 0xffff0000) != 0) {
     return Completed(InvalidArgument(
         "call_id " + std::to_string(call_id_attr) + " / call site " +
@@ -397,6 +397,7 @@ ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite*
   call->w = w.untyped_data();
   call->c = call->p.has_c ? c.untyped_data() : nullptr;
   call->out = out->untyped_data();
+  call->rs_path = rs_path;
   call->timeout = std::chrono::milliseconds(timeout_ms);
   call->call_id = call_id;
   call->members.assign(groups.begin() + static_cast<int64_t>(group) * tp,
@@ -465,6 +466,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
                                   .Attr<float>("alpha")       // out = alpha * x @ w ...
                                   .Attr<float>("beta")        // ... + beta * c
                                   .Attr<int64_t>("call_id")   // call site, rendezvous key
-                                  .Attr<int64_t>("timeout_ms"));  // bound on peer waits
+                                  .Attr<int64_t>("timeout_ms")  // bound on peer waits
+                                  .Attr<int32_t>("rs_path"));   // RsPath; 0: automatic
 
 }  // namespace jax_distgemm

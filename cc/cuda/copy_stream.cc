@@ -5,7 +5,6 @@
 #include <thread>
 #include <vector>
 
-#include "cc/common/env.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/peer_state.h"
 
@@ -80,17 +79,20 @@ std::string IsIndependent(Probe& probe, cudaStream_t main, cudaStream_t s, bool*
 
 }  // namespace
 
-CopyStreamMode CopyStreamModeFromEnv() {
-  if (EnvEquals("JAX_DISTGEMM_COPY_STREAM", "plain")) return CopyStreamMode::kPlain;
-  if (EnvEquals("JAX_DISTGEMM_COPY_STREAM", "unchecked")) return CopyStreamMode::kUnchecked;
-  return CopyStreamMode::kProbe;
+namespace {
+std::atomic<int> g_copy_stream_mode{static_cast<int>(CopyStreamMode::kProbe)};
+}  // namespace
+
+void SetCopyStreamMode(CopyStreamMode mode) { g_copy_stream_mode.store(static_cast<int>(mode)); }
+CopyStreamMode GetCopyStreamMode() {
+  return static_cast<CopyStreamMode>(g_copy_stream_mode.load());
 }
 
 std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_t* out,
                              CopyStreamReport* report) {
   *report = CopyStreamReport{};
   JDG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(main));
-  auto plain = [&](const std::string& why) -> std::string {  // the stream as before the probe
+  auto unprobed = [&](const std::string& why) -> std::string {  // one stream, not probed
     cudaGetLastError();
     report->note = why;
     report->candidates = 1;
@@ -98,16 +100,16 @@ std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_
     JDG_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(out, cudaStreamNonBlocking));
     return "";
   };
-  if (mode == CopyStreamMode::kUnchecked) return plain("JAX_DISTGEMM_COPY_STREAM=unchecked");
+  if (mode == CopyStreamMode::kUnchecked) return unprobed("CopyStreamMode::kUnchecked");
   Probe probe;
   void* h = nullptr;
   if (cudaHostAlloc(&h, sizeof(uint32_t), cudaHostAllocMapped) != cudaSuccess) {
-    return plain("no mapped host word for the probe");
+    return unprobed("no mapped host word for the probe");
   }
   probe.host = static_cast<uint32_t*>(h);
   if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&probe.dev), h, 0) != cudaSuccess ||
       cudaEventCreateWithFlags(&probe.ev, cudaEventDisableTiming) != cudaSuccess) {
-    return plain("no device view of the probe's host word");
+    return unprobed("no device view of the probe's host word");
   }
   // Candidates not kept, alive until we return (so that the next stream goes to the next
   // queue), then destroyed whichever way we return.
@@ -117,8 +119,7 @@ std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_
       for (cudaStream_t r : streams) cudaStreamDestroy(r);
     }
   } rejected;
-  const int limit = mode == CopyStreamMode::kProbe ? kMaxCandidates : 1;
-  for (int i = 0; i < limit; ++i) {
+  for (int i = 0; i < kMaxCandidates; ++i) {
     cudaStream_t s = nullptr;
     if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
       return CudaError("cudaStreamCreateWithFlags (copy stream)", e);
@@ -128,11 +129,11 @@ std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_
     if (std::string err = IsIndependent(probe, main, s, &independent, &unsupported);
         !err.empty()) {
       rejected.streams.push_back(s);
-      return unsupported ? plain(err) : err;
+      return unsupported ? unprobed(err) : err;
     }
     report->independent = independent ? 1 : 0;
     // Keep the first independent one; with none, the last one tried.
-    if (independent || i + 1 == limit) {
+    if (independent || i + 1 == kMaxCandidates) {
       *out = s;
       return "";
     }

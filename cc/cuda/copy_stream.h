@@ -26,19 +26,20 @@ struct CopyStreamReport {
   std::string note;  // why it was not probed ("" when it was)
 };
 
-// JAX_DISTGEMM_COPY_STREAM: "probe" (default), "plain" (the first stream, as before 2026-11-30,
-// still checked once), "unchecked" (the first stream, no blocked wait at all).
-enum class CopyStreamMode : int { kProbe = 0, kPlain = 1, kUnchecked = 2 };
-CopyStreamMode CopyStreamModeFromEnv();
+// kProbe (default): try up to kMaxCandidates streams and keep the first whose blocked wait
+// leaves `main` free; if none does, keep the last.  kUnchecked: keep the first stream without
+// blocking anything (independent -1), for ranks that share one GPU
+// (tests/cuda/virtual_group_check.cu): there another rank's setup (cudaDeviceSynchronize) can
+// wait on the blocked stream while the probe waits on it.
+enum class CopyStreamMode : int { kProbe = 0, kUnchecked = 1 };
 
-// Creates the copy stream of the current device.  kProbe tries up to kMaxCandidates streams and
-// keeps the first whose blocked wait leaves `main` free; if none does, keeps the last.  kPlain
-// keeps the first and still reports whether it is independent of `main`.  kUnchecked keeps the
-// first without blocking anything (independent -1): for ranks that share one GPU
-// (tools/virtual_group_check.cu), where runs with the blocked wait hung (our reading: another
-// rank's setup, cudaDeviceSynchronize, waits on the blocked stream while the probe waits on
-// it).  Where the probe itself cannot run (no mapped host memory, no stream-memory wait on
-// it), falls back to one unprobed stream (independent -1).
+// The mode of the copy streams created from now on (process-wide; set before the first call).
+void SetCopyStreamMode(CopyStreamMode mode);
+CopyStreamMode GetCopyStreamMode();
+
+// Creates the copy stream of the current device in `mode`.  Where the probe itself cannot run
+// (no mapped host memory, no stream-memory wait on it), falls back to one unprobed stream
+// (independent -1).
 std::string CreateCopyStream(cudaStream_t main, CopyStreamMode mode, cudaStream_t* out,
                              CopyStreamReport* report);
 

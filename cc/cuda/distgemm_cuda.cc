@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <chrono>
 #include <exception>
 #include <optional>
 #include <string>
@@ -16,7 +15,6 @@
 #include "cc/common/shm_exchange.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
-#include "cc/cuda/stage_trace.h"
 
 namespace jax_distgemm::cuda {
 namespace {
@@ -24,7 +22,6 @@ namespace {
 std::atomic<int> g_fault_device{-1};
 std::atomic<int> g_fault_kind{0};  // SetCudaFaultDevice
 std::atomic<int> g_sync_check{-1};  // -1: read JAX_DISTGEMM_SYNC_CHECK once
-std::atomic<int> g_fuse_stages{-1};  // -1: read JAX_DISTGEMM_AG_FUSED once
 
 bool SyncCheck() {
   int v = g_sync_check.load();
@@ -35,22 +32,14 @@ bool SyncCheck() {
   return v == 1;
 }
 
-bool FuseStages() {  // on unless JAX_DISTGEMM_AG_FUSED=0 or set_fused_stages(False)
-  int v = g_fuse_stages.load();
-  if (v < 0) {
-    v = EnvEquals("JAX_DISTGEMM_AG_FUSED", "0") ? 0 : 1;
-    g_fuse_stages.store(v);
-  }
-  return v == 1;
-}
-
 ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
                             ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
                             ffi::Result<ffi::AnyBuffer> out,
                             std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
                             int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id, int64_t timeout_ms) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms};
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
+                            int32_t rs_path) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
   Problem p;
   if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
   if (p.in_type == ElemType::kF32) {
@@ -110,22 +99,10 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.skip_signals = fault_kind == 0;
   options.skip_push_done = fault_kind == 1;
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
-  const int rs_path = RsPathFromEnv();  // read per call, as JAX_DISTGEMM_RS_FUSED
-  const int ag_chunks = EnvInt("JAX_DISTGEMM_AG_CHUNKS");  // read per call
   options.poison_output = poison;
   options.rs_path = rs_path;
-  options.ag_chunks = ag_chunks;
-  // copy_ring's chunks (0: default); read per call, so that a benchmark can compare them.
-  if (const int rs_chunks = EnvInt("JAX_DISTGEMM_RS_CHUNKS"); rs_chunks > 0) {
-    options.rs_chunks = rs_chunks;
-  }
-  static const bool no_overlap = EnvEquals("JAX_DISTGEMM_STAGE_OVERLAP", "0");
-  options.overlap_stages = !no_overlap;
-  options.fuse_stages = FuseStages();
-  options.ag_kernel_join = !EnvEquals("JAX_DISTGEMM_AG_JOIN", "event");  // read per call
-  options.rs_fused = RsFusedFromEnv();
-  if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options), stream, run_id.run_id,
-                                           timeout_ms);
+  if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options.rs_path), stream,
+                                           run_id.run_id, timeout_ms);
       !err.empty()) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + err);
   }
@@ -146,19 +123,11 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
                             ffi::Result<ffi::AnyBuffer> out,
                             std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
                             int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id, int64_t timeout_ms) {
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
+                            int32_t rs_path) {
   try {
-    const auto now = [] {
-      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now().time_since_epoch()).count());
-    };
-    const bool traced = TraceEnabled();
-    const uint64_t begin = traced ? now() : 0;
-    ffi::Error result = DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out,
-                                         gathered, schedule, tp, groups, alpha, beta, call_id,
-                                         timeout_ms);
-    if (traced) TraceHostCall(device_ordinal, -1, begin, now());
-    return result;
+    return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, gathered, schedule,
+                            tp, groups, alpha, beta, call_id, timeout_ms, rs_path);
   } catch (const std::exception& e) {
     return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
   }
@@ -171,7 +140,6 @@ void SetCudaFaultDevice(int ordinal, int kind) {
   g_fault_device.store(ordinal);
 }
 void SetSyncCheck(bool on) { g_sync_check.store(on ? 1 : 0); }
-void SetFuseStages(bool on) { g_fuse_stages.store(on ? 1 : 0); }
 
 std::string ResetAll() {
   for (PeerGroup* g : AllPeerGroups()) {
@@ -240,6 +208,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<float>("alpha")                      // out = alpha * x @ w ...
         .Attr<float>("beta")                       // ... + beta * c
         .Attr<int64_t>("call_id")                  // call site (unused on CUDA)
-        .Attr<int64_t>("timeout_ms"));             // bound on every flag wait
+        .Attr<int64_t>("timeout_ms")               // bound on every flag wait
+        .Attr<int32_t>("rs_path"));                // RsPath asked for; 0: automatic
 
 }  // namespace jax_distgemm::cuda

@@ -17,7 +17,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCuda);
 // them done, so its own fused grid's join times out.
 void SetCudaFaultDevice(int ordinal, int kind = 0);
 void SetSyncCheck(bool on);            // synchronize after each call to report errors at once
-void SetFuseStages(bool on);           // AllGather: one fused grid per call (CallOptions)
 std::string ResetAll();                // drain, zero flags and epochs, clear sticky errors
 std::string PendingErrors();           // "" or the sticky error of any group
 // (ordinal, candidates, independent, note, group, rank) of every initialized local device of
@@ -29,7 +28,7 @@ using CopyStreamRow = std::tuple<int, int, int, std::string, std::vector<int>, i
 std::vector<CopyStreamRow> CopyStreamReports();
 
 // (ordinal, group, path) of every initialized local device of every group: the ReduceScatter
-// data path (cc/common/rs_path.h, RsPathName) of its last ReduceScatter call, "" if none yet.
+// data path (cc/common/workspace.h, RsPathName) of its last ReduceScatter call, "" if none yet.
 std::vector<std::tuple<int, std::vector<int>, std::string>> LastRsPaths();
 
 }  // namespace jax_distgemm::cuda

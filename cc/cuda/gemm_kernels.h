@@ -45,52 +45,33 @@ struct GemmOperands {
   float alpha = 1.f, beta = 0.f;
 };
 
-// A fused launch (FusedStageKernel, sm90_fused_gemm.cuh): `count` stage GEMMs of one shape in
-// one persistent grid, stage s on its own operands.  Every CTA first publishes the pointers
-// below into `table` (device memory: kMaxFusedStages entries each of A, B, C, D and beta; the
-// caller alternates two tables by call parity); the CUTLASS ptr-array kernel reads them from
-// there.  A CTA's producer warp waits for *wait_flag[s] >= StageSync::wait_epoch before it
-// loads stage s's first tile (nullptr: stage s needs no wait).
+// A fused launch (FusedStageKernel, sm90_fused_gemm.cuh): the `count` stages of one AllGather
+// call, one shape, in one persistent grid, stage s on its own operands.  Every CTA first
+// publishes the pointers below into `table` (device memory: kMaxFusedStages entries each of A,
+// B, C and D; the caller alternates two tables by call parity); the CUTLASS ptr-array kernel
+// reads them from there.  A CTA's producer warp waits for *wait_flag[s] >= StageSync::wait_epoch
+// before it loads stage s's first tile (nullptr: stage s needs no wait).
 inline constexpr int kMaxFusedStages = 8;
-// FusedStages::table: the A, B, C, D pointers of stage s at s, S + s, 2S + s, 3S + s; at 4S + s
-// stage s's beta (a float in the entry's first 4 bytes) when FusedStages::stage_beta.
-inline constexpr int kFusedTableEntries = 5 * kMaxFusedStages;
-inline constexpr int kFusedBetaEntry = 4 * kMaxFusedStages;
+// FusedStages::table: the A, B, C, D pointers of stage s at s, S + s, 2S + s, 3S + s.
+inline constexpr int kFusedTableEntries = 4 * kMaxFusedStages;
 struct FusedStages {
   int count = 0;  // 0: an ordinary stage launch (GemmOperands' pointers)
-  // Batches per schedule stage: batch s is stage s / chunks, chunk s % chunks (the fused copy
-  // ring, executor.cc; 1 elsewhere).  Names the stage in timeout errors and traces.
-  int chunks = 1;
   const void* a[kMaxFusedStages] = {};
   const void* b[kMaxFusedStages] = {};
   const void* c[kMaxFusedStages] = {};  // all nullptr or none (GemmOperands::c says which)
   void* d[kMaxFusedStages] = {};
   const uint32_t* wait_flag[kMaxFusedStages] = {};
-  int32_t peer[kMaxFusedStages] = {};  // rank that signals wait_flag[s] / c_wait_flag[s]
-  // AllGather with a gathered result: a producer warp that has waited for wait_flag[s] + c
-  // (arrived or timed out, or skipped after an earlier timeout) stores the epoch to
-  // seen_flag[s] + c (peer_state.h SeenMark); nullptr: no marks.
+  int32_t peer[kMaxFusedStages] = {};  // rank that signals wait_flag[s]
+  // With a gathered result: a producer warp that has waited for wait_flag[s] + c (arrived or
+  // timed out, or skipped after an earlier timeout) stores the epoch to seen_flag[s] + c
+  // (peer_state.h SeenMark); nullptr: no marks.
   uint32_t* seen_flag[kMaxFusedStages] = {};
   void** table = nullptr;  // kFusedTableEntries entries
-  // ReduceScatter (remote C, executor.cc): beta per stage (stage 0 has no running sum yet: 0,
-  // and CUTLASS then skips its C loads), the epilogue's C loads of stage s wait for
-  // *c_wait_flag[s] >= wait_epoch, and once every tile of stage s on this device is stored,
-  // *done_flag[s] (a peer's flag) is set to the epoch.  `counters`: kMaxFusedStages words of
-  // this device, zero between grids (the grid's last tile of a stage resets its word).
-  bool stage_beta = false;
-  float beta[kMaxFusedStages] = {};
-  const uint32_t* c_wait_flag[kMaxFusedStages] = {};
-  uint32_t* done_flag[kMaxFusedStages] = {};
-  uint32_t* counters = nullptr;  // nullptr: no completion tracking (done_flag unused)
-  // JAX_DISTGEMM_TRACE=1: stage s's record (stage_trace.h), else nullptr.  Fused stages stamp
-  // start = first CTA (producer warp) to reach stage s, ready = last CTA past its wait for
-  // stage s, end = last CTA to move on from stage s (for the last stage: to finish).
-  uint64_t* trace[kMaxFusedStages] = {};
-  // AllGather: CTA 0 waits, before it exits, for *exit_wait_flag >= wait_epoch (this device's
-  // copy engine has finished pushing the shard the grid's caller may reuse), so that the main
-  // stream needs no event join on the copy stream (executor.cc); nullptr: no wait.
+  // CTA 0 waits, before it exits, for *exit_wait_flag >= wait_epoch (this device's copy engine
+  // has finished pushing the shard the grid's caller may reuse), so that the main stream needs
+  // no event join on the copy stream (all_gather.cc); nullptr: no wait.
   const uint32_t* exit_wait_flag = nullptr;
-  // AllGather: the rotating shard arrives in `shard_chunks` chunks (flags wait_flag[s] + c) of
+  // The rotating shard arrives in `shard_chunks` chunks (flags wait_flag[s] + c) of
   // `shard_chunk_size` rows of A (shard_dim 0, RotatingA) or columns of B (1, RotatingB), the
   // last one up to `shard_extent`; a tile waits only for the chunk it reads.  1: one flag.
   int shard_chunks = 1;
@@ -129,7 +110,7 @@ struct GemmEntry {
 
 // Registry entries of one (config, A/B type, D type) of the GEMM class template `GEMM`
 // (StageGemm or FusedStageGemm, whose `fused` flag is FUSED), with and without C.
-#define JAX_DISTGEMM_REGISTRY_ENTRIES(GEMM, FUSED, CONFIG, AB_ENUM, AB, D_ENUM, D) \
+#define DISTGEMM_REGISTRY_ENTRIES(GEMM, FUSED, CONFIG, AB_ENUM, AB, D_ENUM, D)     \
   {CONFIG, AB_ENUM, D_ENUM, false, FUSED,                                          \
    &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, false>::Launch,                      \
    &::jax_distgemm::cuda::GEMM<CONFIG, AB, D, false>::WorkspaceBytes,              \

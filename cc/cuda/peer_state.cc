@@ -7,10 +7,8 @@
 #include <sstream>
 
 #include "cc/common/rendezvous.h"
-#include "cc/cuda/combine_kernels.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/gemm_kernels.h"
-#include "cc/cuda/stage_trace.h"
 
 namespace jax_distgemm::cuda {
 namespace {
@@ -65,7 +63,7 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   }
   JDG_RETURN_IF_CUDA_ERROR(
       cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.ordinal));
-  if (std::string err = CreateCopyStream(stream, CopyStreamModeFromEnv(), &d.copy_stream,
+  if (std::string err = CreateCopyStream(stream, GetCopyStreamMode(), &d.copy_stream,
                                          &d.copy_stream_report);
       !err.empty()) {
     return err;
@@ -76,12 +74,9 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kFlagWords * sizeof(uint32_t)));
   JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kFlagWords * sizeof(uint32_t)));
   JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
-  // Zero: the fused ReduceScatter's stage counters live here (executor.cc).
   JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
-  if (std::string err = PrepareCombineKernels(); !err.empty()) return err;
-  if (std::string err = TraceInit(d.ordinal); !err.empty()) return err;  // JAX_DISTGEMM_TRACE=1
   JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   return "";
 }
@@ -168,8 +163,6 @@ std::string PeerGroup::Reset() {
     JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
     JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kFlagWords * sizeof(uint32_t)));
-    // A grid that was cut short may have left a fused ReduceScatter's stage counters nonzero.
-    JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
     JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     d.epoch = 0;
   }

@@ -42,33 +42,24 @@ inline constexpr int kNumFlags = kMaxTp * kMaxChunks;
 // flags[FlagIndex(stage, chunk)]
 inline constexpr int FlagIndex(int stage, int chunk) { return stage * kMaxChunks + chunk; }
 // Stage 0 never waits for data, so its first flag has another use: this device's own copy
-// stream sets it to the epoch once its AllGather pushes of that call are done (executor.cc).
+// stream sets it to the epoch once its AllGather pushes of that call are done (all_gather.cc).
 inline constexpr int kPushDoneFlag = FlagIndex(0, 0);
-// Words no peer writes: this device's own fused copy-ring grid (executor.cc) sets
-// LocalDoneFlag(i, c) once chunk c of its stage i is stored, and its copy stream waits for that
-// before it pushes the chunk.  Peers write data flags FlagIndex(i, .) with i < TP, and the fused
-// copy ring runs only with TP <= kMaxFusedStages (8), far below these (stages 63, 62, ...).
-inline constexpr int LocalDoneFlag(int stage, int chunk) {
-  return FlagIndex(kMaxTp - 1 - stage, chunk);
-}
 // Past the peers' words (the allocation holds kFlagWords): this device's own AllGather stage
 // GEMM sets SeenMark(i, c) to the epoch once it has waited for flag(i, c) (arrived or timed
 // out), and its copy stream waits for that mark before it copies slot i-1 into the call's
-// gathered result (executor.cc, CopyGathered): a wait on our own grid, which always ends,
+// gathered result (all_gather.cc, CopyGathered): a wait on our own grid, which always ends,
 // never directly on a peer.
 inline constexpr int SeenMark(int stage, int chunk) {
   return kNumFlags + FlagIndex(stage, chunk);
 }
 // NOTE: one writer per flag word.  Stage i's data comes from device d + i in an AllGather (and
 // the ReduceScatter gather path), but from the left neighbour d - 1 in every ReduceScatter
-// ring path (remote C, push, copy-add, copy ring, fused or not).  Each writer's epochs rise in
-// its own stream order; two writers of one word are not ordered: at TP >= 4 a device that
-// finished a ring call early could push call e+1's AllGather data, and set d's word to e+1,
-// before the left neighbour set it to e for call e (a wait for e passed before its data, and
-// the late e then hid e+1 until the wait timed out; found in a review, 2026-12-05; on one GPU
-// with virtual TP=8 ranks enqueueing calls back to back, 8 of 12 runs with one row went wrong,
-// 7 with silent wrong outputs, performance.md AD2).  So the rings' words are a row of their
-// own, RingFlags(d)[FlagIndex(i, c)].
+// ring path (remote C, copy ring).  Each writer's epochs rise in its own stream order; two
+// writers of one word are not ordered: at TP >= 4 a device that finished a ring call early
+// could push call e+1's AllGather data, and set d's word to e+1, before the left neighbour set
+// it to e for call e (a wait for e would pass before its data, and the late e then hide e+1
+// until the wait timed out).  So the rings' words are a row of their own,
+// RingFlags(d)[FlagIndex(i, c)].
 inline constexpr int kRingFlagsOffset = 2 * kNumFlags;
 inline constexpr int kFlagWords = 3 * kNumFlags;
 
@@ -79,13 +70,13 @@ struct DeviceState {
   cudaStream_t copy_stream = nullptr;  // pushes (copy engine), on a hardware queue of its own
   CopyStreamReport copy_stream_report;  // how copy_stream was chosen (copy_stream.h)
   cudaEvent_t fork = nullptr, join = nullptr;
-  cudaEvent_t stage_done = nullptr;  // ReduceScatter copy path: the partial to send is ready
+  cudaEvent_t stage_done = nullptr;  // copy ring: the chunk to send is ready
   uint8_t* workspace = nullptr;
   size_t workspace_bytes = 0;
   uint32_t* flags = nullptr;
   void* gemm_scratch = nullptr;
   uint32_t epoch = 0;
-  int last_rs_path = 0;  // the RsPath (executor.h) of this device's last ReduceScatter call
+  int last_rs_path = 0;  // the RsPath (workspace.h) of this device's last ReduceScatter call
   // Members in other processes: what this process mapped of theirs (cudaIpcOpenMemHandle),
   // and which allocation of the owner that was (its generation), to re-map after it grew.
   int64_t ipc_generation = -1;

@@ -26,7 +26,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "cc/cuda/gemm_kernels.h"
@@ -58,9 +57,8 @@ struct PtrArraySchedules<cutlass::gemm::KernelTmaWarpSpecializedPingpong> {
 
 struct StageWaits {
   const uint32_t* flag[kMaxFusedStages] = {};  // nullptr: no wait
-  uint32_t* seen[kMaxFusedStages] = {};  // FusedStages::seen_flag (mainloop waits only)
+  uint32_t* seen[kMaxFusedStages] = {};  // FusedStages::seen_flag
   int32_t peer[kMaxFusedStages] = {};
-  int32_t stage[kMaxFusedStages] = {};  // the schedule stage of batch s (FusedStages::chunks)
   // AllGather with a chunked shard (FusedStages::shard_chunks > 1): a tile of batch s > 0
   // waits for flag[s] + c, c = the shard chunk that holds the tile's last row (dim 0) or
   // column (dim 1); chunks travel in order on one copy stream, so that covers the ones before.
@@ -70,18 +68,16 @@ struct StageWaits {
   uint64_t timeout_ns = 0;
   ErrorRecord* error = nullptr;
   int32_t rank = 0;
-  uint64_t* trace[kMaxFusedStages] = {};  // FusedStages::trace
 };
 
 // Out of line: the producer warp runs on few registers (setmaxnreg), and inlined here the
 // wait made the kernel spill.  Returns false on timeout, or at once when `skip` (an earlier
 // wait of this thread timed out).  Then marks the wait done where asked (StageWaits::seen),
-// skipped or not: the copy stream's wait for that mark must end.  Serves the mainloop's
-// operand waits and the epilogue's C waits (no marks) alike.
+// skipped or not: the copy stream's wait for that mark must end.
 static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t stage,
-                                                 int32_t chunk = 0, bool skip = false) {
+                                                 int32_t chunk, bool skip) {
   const bool arrived = !skip && WaitFlagUntil(w.flag[stage] + chunk, w.epoch, w.timeout_ns,
-                                              w.error, w.rank, w.stage[stage], w.peer[stage]);
+                                              w.error, w.rank, stage, w.peer[stage]);
   if (w.seen[stage] != nullptr) StoreReleaseSys(w.seen[stage] + chunk, w.epoch);
   return arrived;
 }
@@ -90,20 +86,19 @@ static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t st
 // done.  Out of line for the same reason as WaitForStage.
 // NOTE: twice the timeout.  With a gathered result the copy stream's last copies wait for this
 // grid's stage waits to end (the seen marks), and CTA 0 can reach the join before another CTA
-// even starts a wait for a dead peer: with one timeout the join timed out first and the error
-// blamed this device's own copy engine instead of the peer (virtual TP=8, performance.md AD).
+// even starts a wait for a dead peer: with one timeout the join would time out first, and the
+// error would blame this device's own copy engine instead of the peer.
 static __device__ __noinline__ void WaitForOwnPushes(const uint32_t* flag, const StageWaits& w) {
   WaitFlagUntil(flag, w.epoch, 2 * w.timeout_ns, w.error, w.rank, kPushDoneStage, w.rank);
 }
 
-// The waits of a fused launch on `flags` (FusedStages::wait_flag or c_wait_flag), with the
-// launch's epoch, timeout, error record and rank; no trace.
-inline StageWaits MakeWaits(const GemmLaunch& g, const uint32_t* const (&flags)[kMaxFusedStages]) {
+// The waits of a fused launch, with its epoch, timeout, error record and rank.
+inline StageWaits MakeWaits(const GemmLaunch& g) {
   StageWaits w;
   for (int s = 0; s < g.fused.count; ++s) {
-    w.flag[s] = flags[s];
+    w.flag[s] = g.fused.wait_flag[s];
+    w.seen[s] = g.fused.seen_flag[s];
     w.peer[s] = g.fused.peer[s];
-    w.stage[s] = s / std::max(g.fused.chunks, 1);
   }
   w.shard_chunks = std::max(g.fused.shard_chunks, 1);
   w.shard_dim = g.fused.shard_dim;
@@ -149,11 +144,6 @@ struct FlagWaitMainloop : Base_ {
                                                 ProblemShape_MNKL problem_shape_mnkl,
                                                 int32_t next_batch) {
     const StageWaits& w = params.waits;
-    const bool traced = w.trace[0] != nullptr;  // all stages or none
-    if (traced && cute::elect_one_sync()) {
-      TraceMin(&w.trace[next_batch][0]);
-      for (int s = 0; s < next_batch; ++s) TraceMax(&w.trace[s][2]);  // stages it skipped too
-    }
     batch_ = next_batch;
     waited_chunk_ = -1;
     if (w.shard_chunks == 1 && next_batch > 0 && next_batch < kMaxFusedStages &&
@@ -161,14 +151,13 @@ struct FlagWaitMainloop : Base_ {
       // NOTE: after a timeout the CTA goes on with whatever the slot holds (the error record
       // makes the host fail the call) and skips its later waits, so TP-1 stages do not each
       // wait out the timeout.  Not read here: the error record itself, which lives in host
-      // memory; one read per CTA, all at once, cost ~100 us on 2x H200.
+      // memory, where a read by every CTA at once is slow.
       if (cute::elect_one_sync()) timed_out_ = !WaitForStage(w, next_batch, 0, timed_out_);
       __syncwarp();
       // The peer's data was written by its copy engine; order our TMA (async proxy) reads
       // after the acquire.
       asm volatile("fence.proxy.async.global;" ::: "memory");
     }
-    if (traced && cute::elect_one_sync()) TraceMax(&w.trace[next_batch][1]);
     Base::tensormaps_perform_update(shared_tensormaps, params, input_tensormaps,
                                     problem_shape_mnkl, next_batch);
   }
@@ -197,7 +186,6 @@ struct FlagWaitMainloop : Base_ {
         __syncwarp();
         asm volatile("fence.proxy.async.global;" ::: "memory");  // as above
         waited_chunk_ = c;
-        if (w.trace[0] != nullptr && cute::elect_one_sync()) TraceMax(&w.trace[batch_][1]);
       }
     }
     Base::load(params, pipeline, state, load_inputs, input_tensormaps, blk_coord, k_tile_iter,
@@ -210,153 +198,6 @@ struct FlagWaitMainloop : Base_ {
   int32_t waited_chunk_ = -1;  // chunked shard: the last chunk of batch_ waited for
 };
 
-// -- ReduceScatter: per-stage C waits and completion signals, in the epilogue ----------------------
-//
-// A fused ReduceScatter (executor.cc) runs its TP stages as the batches of one grid; stage
-// s > 0 adds the left neighbour's running sum of its stage s-1 as C: read over NVLink (remote
-// C), or from this device's slot, where the neighbour's epilogue stored it (push).
-// Only C depends on the peer, and C is loaded by CUTLASS's epilogue producer warp, not by the
-// mainloop producer that FlagWaitMainloop holds: so the wait sits where that warp switches its
-// C descriptor to stage s, and the mainloop of stage s runs meanwhile.
-//
-//   device r, CTA c:  [s0 tile][s0 tile] | [s1 tile: mainloop .. | C: wait flag(1), load | store]
-//   completion:       each TMA-store warp, as it moves past stage s (to a later stage, or at
-//                     the end), waits until its stores have landed and adds its tile count to
-//                     counter[s]; the add that reaches the stage's tile count resets the word
-//                     and sets the right neighbour's flag(s+1).
-//
-// Stage 0 has no running sum: its beta is 0 (per-stage beta, FusedStages::stage_beta), and
-// CUTLASS's epilogue then skips its C loads tile by tile.
-struct StageSignals {
-  StageWaits c_waits;  // flag[s]: C of stage s is ready (>= epoch); no trace
-  uint32_t* done_flag[kMaxFusedStages] = {};  // set to c_waits.epoch when stage s is stored here
-  uint32_t* counters = nullptr;  // nullptr: no completion tracking
-  uint32_t tiles_per_stage = 0;  // set by the launch from CUTLASS's scheduler parameters
-};
-
-__device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], %2;"
-               : "=r"(old)
-               : "l"(p), "r"(v)
-               : "memory");
-  return old;
-}
-
-// The CUTLASS ptr-array epilogue, unchanged except for the C wait and the completion count
-// (both idle unless StageSignals asks for them).
-template <class Base_>
-struct SignalingEpilogue : Base_ {
-  using Base = Base_;
-  struct Arguments : Base::Arguments {
-    StageSignals signals;
-  };
-  struct Params : Base::Params {
-    StageSignals signals;
-  };
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const& problem_shape,
-                                                  Arguments const& args, void* workspace) {
-    Params p;
-    static_cast<typename Base::Params&>(p) =
-        Base::to_underlying_arguments(problem_shape, args, workspace);
-    p.signals = args.signals;
-    return p;
-  }
-
-  CUTLASS_HOST_DEVICE
-  SignalingEpilogue(Params const& params, typename Base::TensorStorage& shared_tensors)
-      : Base(params, shared_tensors), signals_(&params.signals) {}
-
-  template <bool IsLoad, class ProblemShape_MNKL>
-  CUTLASS_DEVICE void tensormaps_perform_update(typename Base::TensorMapStorage& shared_tensormaps,
-                                                typename Base::Params const& params,
-                                                cute::TmaDescriptor const* tensormap,
-                                                ProblemShape_MNKL problem_shape_mnkl,
-                                                int32_t next_batch, int32_t warp_group_idx) {
-    if constexpr (IsLoad) {  // the epilogue producer warp, before its first C load of next_batch
-      const StageWaits& w = signals_->c_waits;
-      if (next_batch > 0 && next_batch < kMaxFusedStages && w.flag[next_batch] != nullptr) {
-        // NOTE: as in FlagWaitMainloop, a timed-out wait is not repeated for later stages.
-        if (cute::elect_one_sync() && !timed_out_) timed_out_ = !WaitForStage(w, next_batch);
-        __syncwarp();
-        // The peer's running sum came through its TMA unit; order our TMA (async proxy) loads
-        // after the acquire.
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-      }
-    } else {  // warp 0 of a consumer warpgroup, moving on to a later stage
-      ReportStored();
-    }
-    Base::template tensormaps_perform_update<IsLoad>(shared_tensormaps, params, tensormap,
-                                                     problem_shape_mnkl, next_batch,
-                                                     warp_group_idx);
-  }
-
-  template <class LoadPipeline, class LoadPipelineState, class StorePipeline,
-            class StorePipelineState, class ProblemShapeMNKL, class TileShapeMNK,
-            class TileCoordMNKL, class AccEngine, class AccLayout, class TiledMma,
-            class TensorMapD>
-  CUTLASS_DEVICE auto store(LoadPipeline load_pipeline,
-                            LoadPipelineState load_pipe_consumer_state,
-                            StorePipeline store_pipeline,
-                            StorePipelineState store_pipe_producer_state,
-                            ProblemShapeMNKL problem_shape_mnkl, TileShapeMNK tile_shape_MNK,
-                            TileCoordMNKL tile_coord_mnkl,
-                            cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
-                            int thread_idx, typename Base::TensorStorage& shared_tensors,
-                            TensorMapD const& store_tensormap, int subtile_idx = -1) {
-    auto next = Base::store(load_pipeline, load_pipe_consumer_state, store_pipeline,
-                            store_pipe_producer_state, problem_shape_mnkl, tile_shape_MNK,
-                            tile_coord_mnkl, accumulators, tiled_mma, thread_idx, shared_tensors,
-                            store_tensormap, subtile_idx);
-    // CUTLASS issues a tile's TMA stores from its epilogue thread 0: that thread's warp counts
-    // the tiles it stored of the current stage.
-    store_warp_ = thread_idx < cutlass::NumThreadsPerWarp;
-    stage_ = static_cast<int32_t>(cute::get<3>(tile_coord_mnkl));
-    ++tiles_;
-    return next;
-  }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto store_tail(Args&&... args) {
-    auto r = Base::store_tail(static_cast<Args&&>(args)...);
-    ReportStored();  // the last stage this CTA worked on
-    return r;
-  }
-
- private:
-  // Called by whole warps.  The TMA-store warp waits until its stores of stage_ have landed in
-  // memory (not only left shared memory; for push, the neighbour's memory), then adds its tile
-  // count; the add that completes the stage resets the counter for the next grid and signals
-  // the peer.
-  CUTLASS_DEVICE void ReportStored() {
-    const StageSignals& g = *signals_;
-    if (g.counters == nullptr || !store_warp_ || tiles_ == 0) return;
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // every lane: its own groups
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    __syncwarp();
-    if (cute::elect_one_sync() && stage_ >= 0 && stage_ < kMaxFusedStages) {
-      uint32_t* counter = g.counters + stage_;
-      const uint32_t added = static_cast<uint32_t>(tiles_);
-      if (AtomicAddAcqRelSys(counter, added) + added == g.tiles_per_stage) {
-        // NOTE: the next grid reads the word only after this one has completed (its first
-        // instruction waits for the previous grid), so a plain store suffices.
-        *reinterpret_cast<volatile uint32_t*>(counter) = 0u;
-        if (g.done_flag[stage_] != nullptr) StoreReleaseSys(g.done_flag[stage_], g.c_waits.epoch);
-      }
-    }
-    __syncwarp();
-    tiles_ = 0;
-  }
-
-  StageSignals const* signals_;
-  bool timed_out_ = false;  // this thread's C wait timed out before
-  bool store_warp_ = false;
-  int32_t stage_ = -1;
-  int32_t tiles_ = 0;
-};
-
 template <GemmConfig kConfig, class ElementAB, class ElementD, bool kHasC>
 struct Sm90FusedGemm {
   using Traits = ConfigTraits<kConfig>;
@@ -367,19 +208,18 @@ struct Sm90FusedGemm {
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
 
-  using BaseEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Traits::TileShape,
       typename Traits::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc,
       ElementAcc, ElementC, Layout, kAlignD, ElementD, Layout, kAlignD,
       typename Schedules::Epilogue>::CollectiveOp;
-  using CollectiveEpilogue = SignalingEpilogue<BaseEpilogue>;
 
   using BaseMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, Layout, kAlignAB,
       ElementAB, Layout, kAlignAB, ElementAcc, typename Traits::TileShape,
       typename Traits::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename BaseEpilogue::SharedStorage))>,
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
       typename Schedules::Kernel>::CollectiveOp;
   using CollectiveMainloop = FlagWaitMainloop<BaseMainloop>;
 
@@ -402,7 +242,6 @@ struct FusedStageKernel : GemmKernel_ {
     typename Base::Params base;
     FusedPointers pointers;
     void** table;
-    uint64_t* trace_last;  // the last stage's trace record, or nullptr
     const uint32_t* exit_flag;  // FusedStages::exit_wait_flag
   };
 
@@ -423,9 +262,6 @@ struct FusedStageKernel : GemmKernel_ {
         blockIdx.z == 0) {
       WaitForOwnPushes(params.exit_flag, params.base.mainloop.waits);
     }
-    // The last stage ends with the CTA; every warp stamps (warp-specialized roles finish at
-    // different times).  Earlier stages' ends are stamped as producers move on (mainloop above).
-    if (params.trace_last != nullptr && threadIdx.x % 32 == 0) TraceMax(&params.trace_last[2]);
   }
 };
 
@@ -461,24 +297,12 @@ struct FusedStageGemm {
     args.mainloop.dA = stride_a;
     args.mainloop.ptr_B = static_cast<const ElementAB**>(static_cast<void*>(t + kMaxFusedStages));
     args.mainloop.dB = stride_b;
-    args.mainloop.waits = MakeWaits(g, f.wait_flag);
-    for (int s = 0; s < f.count; ++s) {
-      args.mainloop.waits.trace[s] = f.trace[s];
-      args.mainloop.waits.seen[s] = f.seen_flag[s];
-    }
+    args.mainloop.waits = MakeWaits(g);
     args.epilogue.thread.alpha = o.alpha;
     args.epilogue.thread.beta = kHasC ? o.beta : 0.f;
     if constexpr (kHasC) {
       args.epilogue.ptr_C = static_cast<const ElementD**>(static_cast<void*>(t + 2 * kMaxFusedStages));
-      if (f.stage_beta) {  // beta of stage s: the float at the start of table entry 4S + s
-        args.epilogue.thread.beta_ptr = reinterpret_cast<const float*>(t + kFusedBetaEntry);
-        args.epilogue.thread.dBeta = {_0{}, _0{}, int64_t{sizeof(void*) / sizeof(float)}};
-      }
     }
-    StageSignals& sig = args.epilogue.signals;
-    sig.c_waits = MakeWaits(g, f.c_wait_flag);
-    for (int s = 0; s < f.count; ++s) sig.done_flag[s] = f.done_flag[s];
-    sig.counters = f.counters;
     args.epilogue.dC = stride_c;
     args.epilogue.ptr_D = static_cast<ElementD**>(static_cast<void*>(t + 3 * kMaxFusedStages));
     args.epilogue.dD = stride_d;
@@ -501,29 +325,16 @@ struct FusedStageGemm {
       return std::string("CUTLASS cannot implement this fused GEMM (") + GemmConfigName(kConfig) +
              "): check 16-byte alignment of every row pitch";
     }
-    if (f.stage_beta && !kHasC) return "fused GEMM: per-stage beta without a C operand";
     typename Kernel::Params params{};
     params.base = BaseKernel::to_underlying_arguments(args, g.workspace);
-    if (f.counters != nullptr) {
-      // Tiles per stage as CUTLASS's persistent scheduler enumerates them (cluster-padded).
-      const uint64_t blocks = params.base.scheduler.blocks_per_problem_;
-      if (blocks == 0 || blocks % f.count != 0 || blocks / f.count > UINT32_MAX) {
-        return "fused GEMM: unexpected tile count for per-stage completion";
-      }
-      params.base.epilogue.signals.tiles_per_stage = static_cast<uint32_t>(blocks / f.count);
-    }
     for (int s = 0; s < kMaxFusedStages; ++s) {
       const bool used = s < f.count;
       params.pointers.ptr[s] = used ? f.a[s] : nullptr;
       params.pointers.ptr[kMaxFusedStages + s] = used ? f.b[s] : nullptr;
       params.pointers.ptr[2 * kMaxFusedStages + s] = used ? f.c[s] : nullptr;
       params.pointers.ptr[3 * kMaxFusedStages + s] = used ? f.d[s] : nullptr;
-      uint64_t beta_bits = 0;  // the float in the entry's first (low, little-endian) 4 bytes
-      if (used) std::memcpy(&beta_bits, &f.beta[s], sizeof(float));
-      params.pointers.ptr[kFusedBetaEntry + s] = reinterpret_cast<const void*>(beta_bits);
     }
     params.table = f.table;
-    params.trace_last = f.trace[f.count - 1];
     params.exit_flag = f.exit_wait_flag;
     return RunKernel<Adapter>(params, g, stream);
   }
@@ -534,5 +345,5 @@ struct FusedStageGemm {
 }  // namespace jax_distgemm::cuda
 
 // Registry entries of one fused (config, A/B type, D type), with and without C.
-#define JAX_DISTGEMM_FUSED_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
-  JAX_DISTGEMM_REGISTRY_ENTRIES(FusedStageGemm, true, CONFIG, AB_ENUM, AB, D_ENUM, D)
+#define DISTGEMM_FUSED_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
+  DISTGEMM_REGISTRY_ENTRIES(FusedStageGemm, true, CONFIG, AB_ENUM, AB, D_ENUM, D)

@@ -8,8 +8,8 @@ namespace jax_distgemm::cuda {
 void AddFusedGemms_bf16_bf16_coop128x256_c1x1(std::vector<GemmEntry>* out) {
   constexpr GemmConfig kConfig = GemmConfig::kCoop128x256_C1x1;
   out->insert(out->end(),
-              {JAX_DISTGEMM_FUSED_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
-                                               ElemType::kBF16, cutlass::bfloat16_t)});
+              {DISTGEMM_FUSED_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
+                                           ElemType::kBF16, cutlass::bfloat16_t)});
 }
 
 }  // namespace jax_distgemm::cuda

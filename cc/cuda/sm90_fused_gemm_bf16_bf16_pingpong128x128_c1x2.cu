@@ -8,8 +8,8 @@ namespace jax_distgemm::cuda {
 void AddFusedGemms_bf16_bf16_pingpong128x128_c1x2(std::vector<GemmEntry>* out) {
   constexpr GemmConfig kConfig = GemmConfig::kPingpong128x128_C1x2;
   out->insert(out->end(),
-              {JAX_DISTGEMM_FUSED_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
-                                               ElemType::kBF16, cutlass::bfloat16_t)});
+              {DISTGEMM_FUSED_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
+                                           ElemType::kBF16, cutlass::bfloat16_t)});
 }
 
 }  // namespace jax_distgemm::cuda

@@ -67,25 +67,16 @@ struct ConfigTraits<GemmConfig::kPingpong128x128_C1x2> : Pingpong<128, 128, 1, 2
 template <>
 struct ConfigTraits<GemmConfig::kPingpong128x128_C2x1> : Pingpong<128, 128, 2, 1> {};
 
-// The three below were added to close the gap to cuBLAS (XLA's dot) on the per-stage shapes.
-// cuBLAS's usual large-bf16 kernel on Hopper is a 256x128x64 cooperative tile with a 2-CTA
-// cluster, 4 stages.  cuBLAS is column-major, so for our row-major D = A B it computes
-// D^T = B^T A^T and its M is our N: its "256x128 cluster 2x1" is our 128x256 cluster 1x2; we
-// compile both readings (kCoop128x256_C1x2 and kCoop256x128_C2x1), completing the four
-// {128x256, 256x128} x {cluster along M, along N} combinations.  kCoop128x256_C1x1 drops the
-// cluster: no multicast, so a CTA's pipeline never waits for its partner's slot to free (the
-// multicast pair runs in lock-step), which can win on shapes that are L2-bound less than they
-// are latency-bound (small M, long K).  Not added: Pingpong 128x256 (one consumer warpgroup
-// would hold the whole 128x256 fp32 accumulator, 256 registers/thread, over the 232-240
-// that a consumer warpgroup gets); 2x2 clusters (cluster-4 occupancy can leave SMs idle on a 132-SM
-// part); stream-K: at the one suite stage with a partial last wave (4096 x 4096 x 28672, 27.15
-// waves) it was <= 1.3% faster on one H200, for ~20 MB more workspace, a workspace memset per
-// launch and stage launches only (the fused ptr-array grids have no stream-K scheduler;
-// docs/performance.md, P3, tools/streamk_probe.cu); epilogue subtiles of 128x64 or 128x128
-// instead of EpilogueTileAuto's 128x32, and Pingpong 64x256 (each warpgroup's epilogue under
-// the other's mainloop): within noise or slower at every suite stage on one H200
-// (performance.md Q1, Q4, tools/kernel_probe.cu); stream-K with 128x64 subtiles together: no
-// faster at the 27.15-wave stage either (R1).
+// With the first two, the four {128x256, 256x128} x {cluster along M, along N} cooperative
+// tiles: cuBLAS's usual large-bf16 Hopper kernel is 256x128 on a 2-CTA cluster, which for our
+// row-major D = A B (cuBLAS computes D^T) reads as 128x256 on a 1x2 cluster; both readings are
+// compiled.  kCoop128x256_C1x1 drops the cluster: no multicast, so a CTA's pipeline never waits
+// for its partner's slot (the pair runs in lock-step), which wins where a stage is
+// latency-bound more than L2-bound (small M, long K).  Not compiled: Pingpong 128x256 (one
+// consumer warpgroup would hold the whole fp32 accumulator, 256 registers per thread); 2x2
+// clusters (cluster-4 occupancy can leave SMs idle on a 132-SM part); stream-K (no faster at a
+// partial last wave, more workspace and a memset per launch, and the fused grids have no
+// stream-K scheduler); wider epilogue subtiles and Pingpong 64x256 (no faster).
 template <>
 struct ConfigTraits<GemmConfig::kCoop256x128_C2x1> : Cooperative<256, 128, 2, 1> {};
 template <>
@@ -93,19 +84,12 @@ struct ConfigTraits<GemmConfig::kCoop128x256_C1x2> : Cooperative<128, 256, 1, 2>
 template <>
 struct ConfigTraits<GemmConfig::kCoop128x256_C1x1> : Cooperative<128, 256, 1, 1> {};
 
-// 256x192, no cluster: per CTA 256 x 192 outputs, two consumer warpgroups of 128 x 192 (192
-// fp32 accumulators per thread, 3 mainloop stages): fewer operand bytes per MAC than 128x256
-// (1/256 + 1/192 against 1/128 + 1/256), which at the power cap buys clock.  On one H200 it ran
-// 1.017-1.050x the shipped 128x256 2x1 kernel at the two seed stages and 1.016-1.026x at 4096 x
-// 4096 x 28672, the stage no other variant had brought to XLA's dot; 0.98-1.00x at 4096 x 8192 x
-// 14336; at the short stages 0.80-0.84x at four, 0.95-1.00x at two (docs/performance.md S2,
-// tools/kernel_probe.cu -DPROBE_SET=4).  Not added with it (performance.md U2-U3): 160-wide
-// tiles (our N-major B then gets 32-element swizzle atoms, and 64x160 wgmmas need
-// CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): 256x160 c2x1 ties this tile at 4096 x 4096 x 28672 and
-// loses elsewhere, cuBLAS's 128x160 area loses everywhere; stream-K on this tile: no faster at
-// that stage.
-// NOTE: ptxas spills with this tile: 62/88 bytes (stores/loads) in the stage kernel with C,
-// 16-36/16-56 in the fused ones; the without-C stage kernel, the one S2 measured, spills none.
+// 256x192, no cluster: two consumer warpgroups of 128 x 192 (192 fp32 accumulators per
+// thread, 3 mainloop stages) read fewer operand bytes per MAC than 128x256 (1/256 + 1/192
+// against 1/128 + 1/256), which at the power cap buys clock on long-K stages (the tuner leaves
+// it on short ones, where it is slower).  Not compiled: 160-wide tiles (32-element swizzle atoms
+// for our N-major B, and 64x160 wgmmas need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED).
+// NOTE: ptxas spills a few bytes with this tile in the stage kernel with C and the fused ones.
 template <>
 struct ConfigTraits<GemmConfig::kCoop256x192_C1x1> : Cooperative<256, 192, 1, 1> {};
 
@@ -154,7 +138,6 @@ struct StageKernel : GemmKernel_ {
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
     const StageSync& s = params.sync;
-    if (s.trace != nullptr && threadIdx.x == 0) TraceMin(&s.trace[0]);
     // Wait until the previous grid on this stream is complete and its memory flushed (a no-op
     // when launched without PDL), unless this grid does not read what it wrote; then let the
     // next stage launch early (after the wait: see StageSync::overlap_previous).
@@ -193,12 +176,9 @@ struct StageKernel : GemmKernel_ {
       // (async proxy) reads after the leader's acquire.
       asm volatile("fence.proxy.async.global;" ::: "memory");
     }
-    if (s.trace != nullptr && threadIdx.x == 0) TraceMax(&s.trace[1]);
     Base gemm;
     gemm(params.base, smem);
     if (s.overlap_previous) WaitForPreviousGrid();  // complete in stream order
-    // Warp-specialized roles finish at different times: every warp stamps its own end.
-    if (s.trace != nullptr && threadIdx.x % 32 == 0) TraceMax(&s.trace[2]);
   }
 };
 
@@ -299,5 +279,5 @@ struct StageGemm {
 }  // namespace jax_distgemm::cuda
 
 // Registry entries of one (config, A/B type, D type), with and without C.
-#define JAX_DISTGEMM_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
-  JAX_DISTGEMM_REGISTRY_ENTRIES(StageGemm, false, CONFIG, AB_ENUM, AB, D_ENUM, D)
+#define DISTGEMM_GEMM_ENTRIES(CONFIG, AB_ENUM, AB, D_ENUM, D) \
+  DISTGEMM_REGISTRY_ENTRIES(StageGemm, false, CONFIG, AB_ENUM, AB, D_ENUM, D)

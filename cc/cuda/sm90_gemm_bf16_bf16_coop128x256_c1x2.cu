@@ -7,8 +7,8 @@ namespace jax_distgemm::cuda {
 
 void AddGemms_bf16_bf16_coop128x256_c1x2(std::vector<GemmEntry>* out) {
   constexpr GemmConfig kConfig = GemmConfig::kCoop128x256_C1x2;
-  out->insert(out->end(), {JAX_DISTGEMM_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
-                                                     ElemType::kBF16, cutlass::bfloat16_t)});
+  out->insert(out->end(), {DISTGEMM_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
+                                                 ElemType::kBF16, cutlass::bfloat16_t)});
 }
 
 }  // namespace jax_distgemm::cuda

@@ -7,8 +7,8 @@ namespace jax_distgemm::cuda {
 
 void AddGemms_bf16_bf16_pingpong128x128_c2x1(std::vector<GemmEntry>* out) {
   constexpr GemmConfig kConfig = GemmConfig::kPingpong128x128_C2x1;
-  out->insert(out->end(), {JAX_DISTGEMM_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
-                                                     ElemType::kBF16, cutlass::bfloat16_t)});
+  out->insert(out->end(), {DISTGEMM_GEMM_ENTRIES(kConfig, ElemType::kBF16, cutlass::bfloat16_t,
+                                                 ElemType::kBF16, cutlass::bfloat16_t)});
 }
 
 }  // namespace jax_distgemm::cuda

@@ -7,8 +7,8 @@ namespace jax_distgemm::cuda {
 
 void AddGemms_f16_f16_coop128x256(std::vector<GemmEntry>* out) {
   constexpr GemmConfig kConfig = GemmConfig::kCoop128x256_C2x1;
-  out->insert(out->end(), {JAX_DISTGEMM_GEMM_ENTRIES(kConfig, ElemType::kF16, cutlass::half_t,
-                                                     ElemType::kF16, cutlass::half_t)});
+  out->insert(out->end(), {DISTGEMM_GEMM_ENTRIES(kConfig, ElemType::kF16, cutlass::half_t,
+                                                 ElemType::kF16, cutlass::half_t)});
 }
 
 }  // namespace jax_distgemm::cuda

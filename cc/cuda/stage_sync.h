@@ -49,8 +49,6 @@ struct StageSync {
   // every grid triggers its dependents after its own wait: the call's first grid waited for the
   // kernels that produced x and w.
   bool overlap_previous = false;
-  // JAX_DISTGEMM_TRACE=1: this launch's record (stage_trace.h), else nullptr.
-  uint64_t* trace = nullptr;
 };
 
 }  // namespace jax_distgemm::cuda

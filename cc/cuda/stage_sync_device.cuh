@@ -38,15 +38,6 @@ __device__ __forceinline__ void LaunchNextGrid() {
 #endif
 }
 
-// Trace stamps (stage_trace.h): the latest, or (stored complemented) the earliest, of the
-// stamps the CTAs of one launch leave in `word`.
-__device__ __forceinline__ void TraceMax(uint64_t* word) {
-  atomicMax(reinterpret_cast<unsigned long long*>(word), GlobalTimerNs());
-}
-__device__ __forceinline__ void TraceMin(uint64_t* word) {
-  atomicMax(reinterpret_cast<unsigned long long*>(word), ~GlobalTimerNs());
-}
-
 // Spins until *flag reaches `epoch` or `timeout_ns` passes.  Returns true on arrival; on
 // timeout the first waiter of the group fills the ErrorRecord (rank, stage, peer name it).
 __device__ __forceinline__ bool WaitFlagUntil(const uint32_t* flag, uint32_t epoch,

@@ -102,9 +102,9 @@ struct ReduceScatter1D_TilingB_RotatingC {
 };
 
 // ReduceScatter1D_TilingA by gathering operands: a data path of TilingA (same inputs, same
-// output), not a fifth schedule; JAX_DISTGEMM_RS_PATH=gather, or the automatic path where it
-// moves no more bytes than the ring (RsGatherChosen, problem.h); one batch and an unbatched w
-// only.  No running sum travels: device d sums its own output rows (blk d of M)
+// output), not a fifth schedule; asked for (rs_path gather), or the automatic path where it
+// moves no more bytes than the ring (ChooseRsPath, cc/common/workspace.h); one batch and an
+// unbatched w only.  No running sum travels: device d sums its own output rows (blk d of M)
 // over every K shard, at stage i with shard s = (d+i)%TP, i.e. x_s's rows of blk d times w_s.
 // Device s hands those to device (s-i)%TP, which consumes them at stage i: AllGather
 // RotatingA's index math with (x rows, w) for the shard.

@@ -100,7 +100,7 @@ def _gathered_without_gemm(x, w, p: Params):
   """The gathered operand of a call with no GEMM to run (K = 0 or an empty output), by XLA.
 
   NOTE: with an empty stage GEMM the CUDA executor's grid would write none of the marks its
-  copy stream waits for before it copies a peer's shard into the gathered result (executor.cc,
+  copy stream waits for before it copies a peer's shard into the gathered result (all_gather.cc,
   CopyGathered), one more reason such calls never reach it.
   """
   rotating_a = p.schedule == Schedule.AllGather1D_TilingCD_RotatingA

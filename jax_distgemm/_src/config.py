@@ -122,3 +122,25 @@ def workspace_cap_bytes() -> int:
   if mb <= 0:
     raise ValueError(f"JAX_DISTGEMM_MAX_WORKSPACE_MB must be a positive integer (MiB), got {mb}")
   return mb << 20
+
+
+# JAX_DISTGEMM_RS_PATH's names and the values of the `rs_path` attribute (RsPath in
+# cc/common/rs_path.h); 0, unset: the executor chooses per shape.
+RS_PATHS = {"remote_c": 1, "copy_ring": 2, "gather": 3}
+
+
+def rs_path_override() -> int:
+  """The ReduceScatter data path JAX_DISTGEMM_RS_PATH asks for, as the `rs_path` attribute of
+  the FFI call (0: unset, the executor chooses per shape).
+
+  A test hook, read when a call is lowered, so that every device of the call runs the same
+  path: an executable already compiled keeps the path it was lowered with.
+  """
+  value = os.environ.get("JAX_DISTGEMM_RS_PATH") or None
+  if value is None:
+    return 0
+  if value not in RS_PATHS:
+    raise ValueError("JAX_DISTGEMM_RS_PATH must be " +
+                     ", ".join(repr(name) for name in RS_PATHS) +
+                     f" or unset, got {value!r}")
+  return RS_PATHS[value]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
 
+from jax_distgemm import ffi as ffi_modules
 from jax_distgemm._src import config
 from jax_distgemm._src.schedules import Schedule, output_shape
 
@@ -18,69 +18,36 @@ CUDA_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jn
 _TMA_ALIGN_BYTES = 16
 
 
-_SLOT_ALIGN = 256  # cc/cuda/executor.cc kSlotAlign
-
 # -- Where XLA's own path is faster (implementation=None picks "reference") --------------------
 # One wave of the stage kernels' 128x128 tiles on an H100/H200 SXM (132 SMs).
 ONE_WAVE_TILES = 132
 _SMALL_TILE = 128
 
 
-def _round_up(n: int) -> int:
-  return -(-n // _SLOT_ALIGN) * _SLOT_ALIGN
+def _rule_module():
+  """The extension that answers for the CUDA executor's path and workspace rule
+  (cc/common/workspace.h): the CPU module, built everywhere."""
+  return ffi_modules.module_for("cpu")
 
 
-def rs_path(schedule: Schedule, tp: int, batch: int, w_batched: bool, sm: int, sk: int,
-            sn: int) -> str:
-  """The ReduceScatter path the CUDA executor takes for a stage GEMM of (sm, sk, sn), from the
-  environment it reads per call (cc/cuda/executor.cc, ChooseRsPath; keep the two alike)."""
-  path = os.environ.get("JAX_DISTGEMM_RS_PATH", "")
-  fused_all = os.environ.get("JAX_DISTGEMM_RS_FUSED") == "all"
-  gather_applies = (schedule == Schedule.ReduceScatter1D_TilingA_RotatingC and tp > 1 and
-                    batch == 1 and not w_batched)
-  if path in ("remote_c", "push", "copy_ring"):
-    return path
-  if path == "copy_add":
-    return "copy_add" if tp == 2 else "remote_c"
-  if path == "gather" and gather_applies:
-    return "gather"
-  if path != "gather" and not fused_all and gather_applies and sk * (sm + sn) <= sm * sn:
-    return "gather"  # the operands are no more bytes than a running sum (problem.h)
-  return "copy_ring" if sk <= 2048 and not fused_all else "remote_c"
+def rs_path(schedule: Schedule, tp: int, x_shape, w_shape) -> str:
+  """The ReduceScatter data path ('remote_c', 'copy_ring' or 'gather') the CUDA executor takes
+  for a call on local operands of these shapes, with the path JAX_DISTGEMM_RS_PATH asks for
+  (cc/common/workspace.h, ChooseRsPath); '' for an AllGather schedule."""
+  return _rule_module().rs_path(int(Schedule(schedule)), int(tp), tuple(x_shape),
+                                tuple(w_shape), config.rs_path_override())
 
 
 def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
                     out_dtype=None) -> int:
-  """CUDA symmetric workspace of one call, in bytes per device (cc/cuda/executor.cc,
-  WorkspaceBytes).
-
-  2 parities (double buffering) x the slots of the path, each 256-byte aligned:
-  AllGather: TP-1 slots, each one shard of the rotating operand (x for RotatingA, w for
-  RotatingB), input dtype;
-  ReduceScatter (rs_path): slots of one running sum of the output tile, in the output dtype
-  (default: input): TP-1 (remote C, push), 2 (copy-add), 2 (TP-1) (copy ring); or, gathering,
-  TP-1 x (x's rows of the block and w, input dtype, plus one running sum).
-  Shapes are the per-device (local) operand shapes.
+  """CUDA symmetric workspace of one call, in bytes per device (cc/common/workspace.h,
+  WorkspaceBytes): 2 parities (double buffering) x the slots of the call's data path (rs_path),
+  each 256-byte aligned.  Shapes are the per-device (local) operand shapes; the output dtype
+  defaults to the input's.
   """
-  schedule = Schedule(schedule)
-  if tp <= 1:
-    return 0
-  x_shape, w_shape = tuple(x_shape), tuple(w_shape)
-  isz = jnp.dtype(dtype).itemsize
-  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:
-    return 2 * (tp - 1) * _round_up(math.prod(x_shape) * isz)
-  if schedule == Schedule.AllGather1D_TilingCD_RotatingB:
-    return 2 * (tp - 1) * _round_up(math.prod(w_shape) * isz)
-  batch, xk = math.prod(x_shape[:-2]), x_shape[-1]
-  sm, sn = _stage_rows_cols(x_shape, w_shape, schedule, tp)
-  osz = jnp.dtype(out_dtype or dtype).itemsize
-  running_sum = _round_up(batch * sm * sn * osz)
-  path = rs_path(schedule, tp, batch, len(w_shape) > 2, sm, xk, sn)
-  if path == "gather":
-    operands = _round_up(sm * xk * isz) + _round_up(math.prod(w_shape) * isz)
-    return 2 * (tp - 1) * (operands + running_sum)
-  slots = {"copy_add": 2, "copy_ring": 2 * (tp - 1)}.get(path, tp - 1)
-  return 2 * slots * running_sum
+  return int(_rule_module().workspace_bytes(
+      int(Schedule(schedule)), int(tp), tuple(x_shape), tuple(w_shape), jnp.dtype(dtype).name,
+      jnp.dtype(out_dtype or dtype).name, config.rs_path_override()))
 
 
 def _stage_rows_cols(x_shape, w_shape, schedule: Schedule, tp: int) -> tuple[int, int]:

@@ -185,7 +185,7 @@ def _ffi(x, w, c, p: Params, ring_if_unreachable: bool):
                 f"{auto} to the partitioner; the custom call cannot be split along them, so "
                 "XLA gathers its operands and every replica computes the whole call (make them "
                 "manual, or use implementation=None or 'xla', which run the XLA ring here)")
-  # The fused ReduceScatter kernels have no second epilogue source (their C is the running
+  # The ReduceScatter stage kernels have no second epilogue source (their C is the running
   # sum): beta * c joins after the call, one elementwise pass that XLA fuses.
   c_after = None
   if c is not None and not p.schedule.is_all_gather:

@@ -225,7 +225,9 @@ def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out
       # Deterministic per module (same on every device and process): the rendezvous key.
       # call_site (0 but in custom_partitioning bodies) keeps separately lowered modules apart.
       call_id=np.int64((call_site << 32) | ctx.module_context.new_channel()),
-      timeout_ms=np.int64(timeout_ms))
+      timeout_ms=np.int64(timeout_ms),
+      # The ReduceScatter path, fixed here so that every device of the call agrees.
+      rs_path=np.int32(0 if schedule.is_all_gather else config.rs_path_override()))
 
 
 for _platform in ("cpu", "cuda"):

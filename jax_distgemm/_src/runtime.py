@@ -44,15 +44,19 @@ def describe_tuning() -> str:
 # -- Saved tuning choices -----------------------------------------------------------------------
 
 TUNING_FORMAT = "jax_distgemm tuning"
-TUNING_VERSION = 1
+TUNING_VERSION = 2
 # Field -> accepted types of one saved choice (cc/cuda/autotune.h, TuningRecord).
 _TUNING_FIELDS = {
     "gpu": (str,), "sm_count": (int,), "ab_type": (str,), "d_type": (str,), "has_c": (bool,),
     "m": (int,), "n": (int,), "k": (int,), "batch": (int,), "shared_b": (bool,),
-    "fused_stages": (int,), "tune_mode": (str,), "turn_heat_ms": (int,),
-    "call_trials": (bool,), "config": (str,), "raster": (int,), "swizzle": (int,),
-    "ms": (int, float), "call_ms": (list,),
+    "fused_stages": (int,), "config": (str,), "raster": (int,), "swizzle": (int,),
+    "ms": (int, float),
 }
+# Version 1 records also named how they were timed.  Those timed the one way the tuner still
+# times (tune_mode "sustained", turn_heat_ms -1: the default turn heat) load as version 2
+# records; their call_trials and call_ms are ignored.
+_V1_TIMING_FIELDS = {"tune_mode": (str,), "turn_heat_ms": (int,)}
+_V1_ONLY_FIELDS = ("tune_mode", "turn_heat_ms", "call_trials", "call_ms")
 
 
 def save_tuning(path) -> int:
@@ -60,8 +64,8 @@ def save_tuning(path) -> int:
 
   A choice is keyed by the GPU model and SM count, the types and the stage shape, not by the
   device ordinal: load_tuning installs it on every GPU of that model.  So one record per key is
-  written: where devices chose differently, the one with the lowest tuner time.  Choices whose
-  call trial is still running are left out.  The file is replaced, not merged into: records
+  written: where devices chose differently, the one with the lowest tuner time.  The file is
+  written in the current version (TUNING_VERSION), and replaced, not merged into: records
   already in it are gone (`python -m jax_distgemm.bench --tuning-file` keeps them).  A path
   that cannot be written (a missing directory, a directory) raises ValueError naming it, and
   leaves whatever was at `path` as it was.  Returns how many were written (0 without the CUDA
@@ -74,7 +78,7 @@ def _save_tuning(path, keep_existing: bool) -> tuple[int, int]:
   """save_tuning, or with `keep_existing` a merge into the tuning file at `path`.
 
   With `keep_existing`, the file's records whose key (_TUNING_KEY: GPU model and SM count,
-  types, shape, tuning mode and knobs) this process did not settle stay, in their order and
+  types, shape) this process did not settle stay, in their order and
   ahead of this process's, so that a run on one GPU model, or of some shapes, does not drop the
   others' (e.g. a file shared by H100 and H200 runs, or a suite's file after a one-shape run);
   on a key both have, this process's choice wins.  Where the file has one key twice, the last
@@ -109,7 +113,7 @@ def _save_tuning(path, keep_existing: bool) -> tuple[int, int]:
 
 # What a choice is for (its key); the rest of a record is the choice.
 _TUNING_KEY = ("gpu", "sm_count", "ab_type", "d_type", "has_c", "m", "n", "k", "batch",
-               "shared_b", "fused_stages", "tune_mode", "turn_heat_ms", "call_trials")
+               "shared_b", "fused_stages")
 
 
 def _key(entry: dict) -> tuple:
@@ -132,30 +136,38 @@ def _one_per_key(entries: list[dict]) -> list[dict]:
   return list(best.values())
 
 
-def _check_entry(where: str, entry) -> None:
+def _check_entry(where: str, entry, version: int) -> dict:
+  """The entry as a current (version 2) record, checked; ValueError (prefixed `where`) naming
+  the rule it breaks."""
   if not isinstance(entry, dict):
     raise ValueError(f"{where}: each entry must be a JSON object, got {type(entry).__name__}")
-  missing = sorted(set(_TUNING_FIELDS) - set(entry))
+  fields = _TUNING_FIELDS if version == TUNING_VERSION else {**_TUNING_FIELDS,
+                                                             **_V1_TIMING_FIELDS}
+  missing = sorted(set(fields) - set(entry))
   if missing:
     raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-  for name, types in _TUNING_FIELDS.items():
+  for name, types in fields.items():
     v = entry[name]
     # JSON's true/false are Python bools, which are ints too: keep them apart.
     if isinstance(v, bool) != (types == (bool,)) or not isinstance(v, types):
       want = " or ".join(t.__name__ for t in types)
       raise ValueError(f"{where}: field {name!r} must be {want}, got {v!r}")
-  call_ms = entry["call_ms"]
-  if len(call_ms) != 2 or not all(
-      isinstance(v, (int, float)) and not isinstance(v, bool) for v in call_ms):
-    raise ValueError(f"{where}: field 'call_ms' must be a list of two numbers, got {call_ms!r}")
   for name in ("m", "n", "k", "batch", "sm_count"):
     if entry[name] < 1:
       raise ValueError(f"{where}: field {name!r} must be >= 1, got {entry[name]}")
+  if version == TUNING_VERSION:
+    return entry
+  if entry["tune_mode"] != "sustained" or entry["turn_heat_ms"] != -1:
+    raise ValueError(
+        f"{where}: tune_mode {entry['tune_mode']!r} with turn_heat_ms {entry['turn_heat_ms']}: "
+        "a version 1 record loads only if it was tuned the way this jax_distgemm tunes "
+        "(tune_mode 'sustained', turn_heat_ms -1)")
+  return {k: v for k, v in entry.items() if k not in _V1_ONLY_FIELDS}
 
 
 def _read_tuning(path: str, where: str) -> dict:
-  """The checked contents of the tuning file at `path`; ValueError (prefixed `where`) if it
-  cannot be read or is not a valid tuning file."""
+  """The checked contents of the tuning file at `path`, its entries as current (version 2)
+  records; ValueError (prefixed `where`) if it cannot be read or is not a valid tuning file."""
   try:
     with open(path, "rb") as f:
       raw = f.read()
@@ -176,25 +188,26 @@ def _read_tuning(path: str, where: str) -> dict:
                      f"(want an object with format {TUNING_FORMAT!r} and a list 'entries')")
   version = data.get("version")
   # JSON's true and 1.0 compare equal to 1: only the integer is version 1.
-  if type(version) is not int or version != TUNING_VERSION:
+  if type(version) is not int or version not in (1, TUNING_VERSION):
     raise ValueError(f"{where}: {path} has version {version!r}; "
-                     f"this jax_distgemm reads version {TUNING_VERSION}")
-  for i, entry in enumerate(data["entries"]):
-    _check_entry(f"{where}: {path}: entry {i}", entry)
-  return data
+                     f"this jax_distgemm reads versions 1 and {TUNING_VERSION}")
+  entries = [_check_entry(f"{where}: {path}: entry {i}", entry, version)
+             for i, entry in enumerate(data["entries"])]
+  return {**data, "version": TUNING_VERSION, "entries": entries}
 
 
 def load_tuning(path) -> int:
   """Installs the choices save_tuning wrote, so that their shapes skip tuning (CUDA).
 
   Each choice goes to every visible GPU of its model and SM count, replacing what this process
-  chose for the same key (types, shape, tuning mode and knobs) and dropping that key's call
-  trial.  A path that cannot be read (missing, a directory), a file that does not parse (not
-  UTF-8 JSON, or nested too deeply), another format or version, or any invalid entry raises
-  ValueError naming the path (and the entry and the rule), and installs nothing.  Call it
-  before the calls, or between them as for reset().  Returns how many (choice, GPU) pairs were
-  installed: 0 without the CUDA executor, or where no GPU of the file's models is visible.
-  NOTE: the names in a record (kernel config, element types, tuning mode) and the ranges of
+  chose for the same key (types, shape).  Reads version 2 files and version 1 files, whose
+  records load where they were tuned the way this version tunes (tune_mode "sustained",
+  turn_heat_ms -1).  A path that cannot be read (missing, a directory), a file that does not
+  parse (not UTF-8 JSON, or nested too deeply), another format or version, or any invalid
+  entry raises ValueError naming the path (and the entry and the rule), and installs nothing.
+  Call it before the calls, or between them as for reset().  Returns how many (choice, GPU)
+  pairs were installed: 0 without the CUDA executor, or where no GPU of the file's models is
+  visible.  NOTE: the names in a record (kernel config, element types) and the ranges of
   raster, swizzle and fused_stages are the CUDA executor's to check (its tables); a build
   without it checks the file's structure, field types and sizes only.
   """
@@ -210,8 +223,8 @@ def load_tuning(path) -> int:
 
 
 def clear_tuning() -> None:
-  """Forgets every stage-GEMM choice and call trial (CUDA): each shape tunes again at its next
-  call.  No-op without the CUDA executor."""
+  """Forgets every stage-GEMM choice (CUDA): each shape tunes again at its next call.  No-op
+  without the CUDA executor."""
   module = ffi_modules.module_for("cuda")
   if module is not None:
     module.clear_tuning()
@@ -222,8 +235,7 @@ def copy_stream_reports() -> list[dict]:
 
   A copy stream that shares XLA's compute stream's hardware queue holds up the compute stream
   whenever it waits (cc/cuda/copy_stream.h); the executor probes candidates and keeps one that
-  does not (`independent` 1), unless JAX_DISTGEMM_COPY_STREAM=plain (the first stream, still
-  checked) or =unchecked (the first stream, not checked: `independent` -1).
+  does not (`independent` 1; -1 where it could not probe).
   """
   module = ffi_modules.module_for("cuda")
   if module is None or not hasattr(module, "copy_stream_reports"):

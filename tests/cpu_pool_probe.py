@@ -6,7 +6,7 @@ This program puts NC independent distgemm calls next to NC all-gathers over 'tp'
 over 'data' and runs it ITERS times.  A deadlock ends in XLA's "Termination timeout" abort.
 
   XLA_FLAGS="--xla_cpu_collective_call_terminate_timeout_seconds=6" \\
-      python tools/cpu_pool_probe.py --calls 8 --iters 60 [--implementation xla]
+      python tests/cpu_pool_probe.py --calls 8 --iters 60 [--implementation xla]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """A small run of every schedule at TP=2 on two GPUs, for compute-sanitizer (docs/reliability.md).
 
-  compute-sanitizer --tool memcheck --kernel-name kns=StageKernel python3 tools/sanitize_run.py
+  compute-sanitizer --tool memcheck --kernel-name kns=StageKernel python3 tests/sanitize_run.py
 
 Tiny bf16 shapes, no autotuning (one config per stage), two calls per schedule (both slot
 parities), every result checked against XLA's reference.  Exit status 1 on a wrong result.

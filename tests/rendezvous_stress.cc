@@ -11,7 +11,7 @@
 // stopped, or none where one did.  Built and run by tests/rendezvous_stress_test.py
 // under -fsanitize=thread and -fsanitize=address,undefined:
 //
-//   c++ -std=c++17 -fsanitize=thread -O1 -g -I. tools/rendezvous_stress.cc \
+//   c++ -std=c++17 -fsanitize=thread -O1 -g -I. tests/rendezvous_stress.cc \
 //       cc/common/rendezvous.cc cc/common/shm_exchange.cc -lpthread -lrt -o stress
 //   ./stress 150
 #include <unistd.h>

@@ -1,6 +1,7 @@
-// Tool, not part of the package: the CUDA executor at any TP from 2 to 8 on ONE GPU, every rank
-// of the group a "virtual device" on the same ordinal.  Checks every schedule and data path against
-// a naive fp32 GEMM on the same GPU, over several calls (both parities, rising epochs).
+// Test program, not part of the package: the CUDA executor at any TP from 2 to 8 on ONE GPU,
+// every rank of the group a "virtual device" on the same ordinal.  Checks every schedule and
+// data path against a naive fp32 GEMM on the same GPU, over several calls (both parities,
+// rising epochs).
 // AllGather cases with a gathered result check it bit-exactly against the shards.
 //
 // What it exercises: the executor's index math, slot and flag traffic, epochs, fused grids and
@@ -14,12 +15,10 @@
 // NOTE: set before the CUDA context exists: CUDA_DEVICE_MAX_CONNECTIONS=32 (main does), so
 // that the group's 2 TP streams (each rank's main and copy stream, created in that order, 16 at
 // TP=8) land on distinct hardware queues: CUDA assigns queues round-robin in creation order,
-// and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it.
-// Measured at TP=8 (docs/performance.md Z2, Z3): with 8 or 4 queues every run stalled; with 16
-// or 32 and a fresh group per case a case still timed out now and then (5 of 127 runs, Y3-Z3),
-// and with the run's one group (the default now) 0 of 66 did.
+// and a queue shared with a rank whose grid spins on a flag would hold up the copy that sets it
+// (with 8 or 4 queues TP=8 runs stall).
 //
-//   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build virtual_group_check
+//   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TESTS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
 //       [--control 1] [--fault 1] [--group-per-case 1] [--sequence 1] [--max-lead 2]
@@ -29,7 +28,7 @@
 // by each rank with no synchronization between calls, then every call checked (RunSequence).
 // --fault 1: rank 0 never pushes (CallOptions::skip_signals) in the "+gathered" cases; each
 // passes if every rank returns (no hang: the copy stream's waits on its own grid's marks must
-// end, executor.cc CopyGathered) and ranks 1..TP-1 report the peer timeout.
+// end, all_gather.cc CopyGathered) and ranks 1..TP-1 report the peer timeout.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -46,7 +45,8 @@
 #include <vector>
 
 #include "cc/common/problem.h"
-#include "cc/common/rs_path.h"
+#include "cc/common/workspace.h"
+#include "cc/cuda/copy_stream.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
 
@@ -117,7 +117,6 @@ __global__ void ToFloatKernel(const T* src, float* dst, int64_t n) {
 struct Case {
   ScheduleKind schedule;
   int rs_path;       // RsPath (ReduceScatter), kRsAuto for AllGather
-  int rs_fused;      // RsFused
   bool fuse_stages;  // AllGather: one fused grid
   int ag_chunks;     // AllGather: pushed chunks (0: automatic)
   bool gathered = false;  // AllGather: also return the gathered operand (CallBuffers::gathered)
@@ -203,7 +202,7 @@ const char* PathName(const Case& c) {
         std::to_string(c.ag_chunks) + (c.gathered ? " +gathered" : "");
   } else {
     const char* p = jdg::RsPathName(c.rs_path);
-    s = std::string(*p ? p : "auto") + (c.rs_fused == jdg::kRsFusedOn ? " fused" : "");
+    s = *p ? p : "auto";
   }
   return s.c_str();
 }
@@ -215,10 +214,9 @@ bool control = false;
 bool fault = false;  // --fault 1 (see the file comment)
 // --group-per-case 0 (default): one group (and one main stream per rank) for the whole run,
 // reset between cases (flags, epochs, error record: PeerGroup::Reset), so that the run creates
-// 2 TP streams in all, as a process under XLA does.  1: a fresh group per case (as before
-// 2026-12-03), whose copy streams live on (groups are process-lifetime) while each case
-// creates 2 TP more; that mode's rare TP=8 timeouts did not occur in this one (performance.md
-// Z3, AA).
+// 2 TP streams in all, as a process under XLA does.  1: a fresh group per case, whose copy
+// streams live on (groups are process-lifetime) while each case creates 2 TP more, which at
+// TP=8 can exhaust the hardware queues (a case then times out now and then).
 bool group_per_case = false;
 
 // Where each rank's thread is (the watchdog prints it when a call stalls).
@@ -283,13 +281,12 @@ struct CallData {
     opt.timeout_ms = timeout_ms;
     opt.poison_output = true;  // unwritten tiles read NaN
     opt.rs_path = c.rs_path;
-    opt.rs_fused = c.rs_fused;
     opt.fuse_stages = c.fuse_stages;
     opt.ag_chunks = c.ag_chunks;
     // NOTE: every launch waits for the one before it.  With overlap (the default), each stage
     // launch lets the next one start at once (programmatic dependent launch), so one rank can
     // hold many grids spinning on flags, and on a shared GPU they take the SMs that the ranks
-    // that set those flags need: the first runs timed out in copy_ring at TP >= 4.  (On separate
+    // that set those flags need (copy_ring timed out at TP >= 4).  (On separate
     // GPUs the flag's producer never needs this GPU's SMs.)  Waiting bounds a rank to two
     // resident grids, which the SM cap (Run*) leaves room for.
     opt.overlap_stages = false;
@@ -494,7 +491,7 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                 reset_err.c_str());
     return false;
   }
-  const size_t ws_bytes = jc::WorkspaceBytes(d.p, d.opt);
+  const size_t ws_bytes = jdg::WorkspaceBytes(d.p, d.opt.rs_path);
   d.Alloc();
   // Each rank's main stream, created before the group's copy streams (first call's setup):
   // the run's (main), or this case's own with --group-per-case 1.
@@ -587,7 +584,7 @@ bool RunSequence(const Case* cases, int n_cases, int tp, const Shapes& g, int ro
     for (int i = 0; i < n_cases; ++i) {
       CallData d;
       if (!d.Init(cases[i], tp, g, timeout_ms).empty()) continue;  // SKIPs: see the case runs
-      ws_bytes = std::max(ws_bytes, jc::WorkspaceBytes(d.p, d.opt));
+      ws_bytes = std::max(ws_bytes, jdg::WorkspaceBytes(d.p, d.opt.rs_path));
       d.Alloc();
       d.Prepare(7919u * uint32_t(seq.size() + 1), g);
       seq.push_back(d);
@@ -667,12 +664,9 @@ int64_t Arg(int argc, char** argv, const char* name, int64_t def) {
 
 int main(int argc, char** argv) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  // NOTE: no copy-stream probe (copy_stream.h).  Its blocked wait deadlocked the first runs at
-  // TP >= 4: another rank's setup on the same GPU (cudaDeviceSynchronize) waited on the blocked
-  // stream while this rank's probe could not get to open it.  It only compares a rank's copy
-  // stream with its own main stream anyway; here each case's 2 TP streams take distinct
-  // hardware queues (RunCase).
-  setenv("JAX_DISTGEMM_COPY_STREAM", "unchecked", 0);
+  // NOTE: no copy-stream probe (copy_stream.h): its blocked wait can deadlock ranks that share
+  // one GPU, and here each rank's streams take distinct hardware queues anyway.
+  jc::SetCopyStreamMode(jc::CopyStreamMode::kUnchecked);
   // One fixed kernel: the tuner would time candidates on a GPU the other ranks share.
   setenv("JAX_DISTGEMM_GEMM_CONFIG", "0:1:1", 0);
   const int tp = int(Arg(argc, argv, "--tp", 4));
@@ -819,34 +813,27 @@ int main(int argc, char** argv) {
   const S kRsA = S::kReduceScatter1D_TilingA_RotatingC;
   const S kRsB = S::kReduceScatter1D_TilingB_RotatingC;
   const Case cases[] = {
-      // schedule, RsPath, RsFused, AllGather fused grid, AllGather chunks
-      {kAgA, 0, 0, true, 0},
-      {kAgA, 0, 0, true, 2},
-      {kAgA, 0, 0, false, 0},
-      {kAgB, 0, 0, true, 0},
-      {kAgB, 0, 0, true, 2},
-      {kAgB, 0, 0, false, 2},
-      {kRsA, jdg::kRsAuto, 0, true, 0},
-      {kRsA, jdg::kRsRemoteC, 0, true, 0},
-      {kRsA, jdg::kRsRemoteC, jdg::kRsFusedOn, true, 0},
-      {kRsA, jdg::kRsPush, 0, true, 0},
-      {kRsA, jdg::kRsCopyAdd, 0, true, 0},  // TP=2 only; elsewhere the executor runs remote_c
-      {kRsA, jdg::kRsCopyRing, 0, true, 0},
-      {kRsA, jdg::kRsCopyRing, jdg::kRsFusedOn, true, 0},
-      {kRsA, jdg::kRsGather, 0, true, 0},
-      {kRsA, jdg::kRsGather, jdg::kRsFusedOn, true, 0},
-      {kRsB, jdg::kRsAuto, 0, true, 0},
-      {kRsB, jdg::kRsRemoteC, 0, true, 0},
-      {kRsB, jdg::kRsCopyAdd, 0, true, 0},
-      {kRsB, jdg::kRsPush, jdg::kRsFusedOn, true, 0},
-      {kRsB, jdg::kRsCopyRing, 0, true, 0},
+      // schedule, RsPath, AllGather fused grid, AllGather chunks
+      {kAgA, 0, true, 0},
+      {kAgA, 0, true, 2},
+      {kAgA, 0, false, 0},
+      {kAgB, 0, true, 0},
+      {kAgB, 0, true, 2},
+      {kAgB, 0, false, 2},
+      {kRsA, jdg::kRsAuto, true, 0},
+      {kRsA, jdg::kRsRemoteC, true, 0},
+      {kRsA, jdg::kRsCopyRing, true, 0},
+      {kRsA, jdg::kRsGather, true, 0},
+      {kRsB, jdg::kRsAuto, true, 0},
+      {kRsB, jdg::kRsRemoteC, true, 0},
+      {kRsB, jdg::kRsCopyRing, true, 0},
       // AllGather with the gathered operand (the ReduceScatter backward's; CopyGathered)
-      {kAgA, 0, 0, true, 0, true},
-      {kAgA, 0, 0, true, 2, true},
-      {kAgA, 0, 0, false, 0, true},
-      {kAgB, 0, 0, true, 0, true},
-      {kAgB, 0, 0, true, 2, true},
-      {kAgB, 0, 0, false, 2, true},
+      {kAgA, 0, true, 0, true},
+      {kAgA, 0, true, 2, true},
+      {kAgA, 0, false, 0, true},
+      {kAgB, 0, true, 0, true},
+      {kAgB, 0, true, 2, true},
+      {kAgB, 0, false, 2, true},
   };
   // The run's main streams (one per rank, for the whole run, created before any group's copy
   // streams), unless each case makes its own (--group-per-case 1).
