@@ -32,7 +32,7 @@ import jax_distgemm  # noqa: E402
 from jax_distgemm import bench  # noqa: E402
 from jax_distgemm import runtime  # noqa: E402
 from jax_distgemm import Schedule  # noqa: E402
-from jax_distgemm._src import api  # noqa: E402
+from jax_distgemm._src import implementation  # noqa: E402
 
 TINY = ["--m", "64", "--k", "32", "--n", "128"]
 FAST = ["--iterations", "2", "--repeats", "2", "--warmup-iterations", "1"]
@@ -134,7 +134,7 @@ class CheckTest(absltest.TestCase):
     self.assertIn("FAIL AG-RotA 64,32,128: ffi: rel_err", out)
 
   def test_unsupported_row_is_reported_not_fatal(self):
-    rc, case, out = self.run_main(mock.patch.object(api, "ffi_unsupported_reason",
+    rc, case, out = self.run_main(mock.patch.object(implementation, "ffi_unsupported_reason",
                                                     return_value="forced by the test"))
     self.assertEqual(rc, 0, out)
     self.assertTrue(case["passed"], case["failures"])

@@ -240,7 +240,7 @@ class CudaStressTest(parameterized.TestCase):
     self.assertEqual(len(errs), 1000)
     self.assertTrue(np.all(np.isfinite(errs)), "NaN result (unwritten tile or race)")
     self.assertLess(errs.max(), 1e-2, f"worst call {errs.argmax()}")
-    self.assertIsNone(jd.pending_error())
+    self.assertIsNone(jd.runtime.pending_error())
     print(f"{schedule.name}: 1000 calls in {elapsed:.2f}s, worst rel err {errs.max():.2e}")
 
   def test_inside_program_with_xla_all_reduce(self):
@@ -383,7 +383,7 @@ def check_alternating_calls(test, shapes, seed):
 def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
                                message="timed out on GPU.*stage 1"):
   """Device 1 misbehaves (fault_kind 0: never delivers, no push, no signal; 1: never marks its
-  own pushes done): the call fails within 30 s with `message`, and after jax_distgemm.reset()
+  own pushes done): the call fails within 30 s with `message`, and after jax_distgemm.runtime.reset()
   the same call is correct again."""
   module = ffi_modules.module_for("cuda")
   x, w, _ = test_util.random_inputs(seed, (512, 512), (512, 1024), jnp.bfloat16)
@@ -399,8 +399,8 @@ def check_timeout_and_recovery(test, schedule, seed, *, fault_kind=0,
   finally:
     module.set_fault_device(-1)
     module.set_sync_check(False)
-  jd.reset()
-  test.assertIsNone(jd.pending_error())
+  jd.runtime.reset()
+  test.assertIsNone(jd.runtime.pending_error())
   test.assertLess(test_util.rel_err(f(*args), test_util.reference_np(x, w)), 1e-2)
 
 

@@ -84,17 +84,17 @@ class CudaTuningFileTest(absltest.TestCase):
     path = os.path.join(self.dir, "t.json")
     with open(path, "w") as f:
       json.dump({"format": "jax_distgemm tuning", "version": 2, "entries": [loaded]}, f)
-    jd.clear_tuning()
-    self.assertEqual(shape_lines(jd.describe_tuning()), [])
+    jd.runtime.clear_tuning()
+    self.assertEqual(shape_lines(jd.runtime.describe_tuning()), [])
     same_model = [g for g in GPUS if g.device_kind == GPUS[0].device_kind]
-    self.assertEqual(jd.load_tuning(path), len(same_model))
+    self.assertEqual(jd.runtime.load_tuning(path), len(same_model))
     self.check_output()
-    lines = [ln for ln in shape_lines(jd.describe_tuning()) if ln.startswith("device 0 ")]
-    self.assertLen(lines, 1, jd.describe_tuning())
+    lines = [ln for ln in shape_lines(jd.runtime.describe_tuning()) if ln.startswith("device 0 ")]
+    self.assertLen(lines, 1, jd.runtime.describe_tuning())
     self.assertIn(f": {other} raster along N swizzle 2 (123.5 ms)", lines[0])
     # And save_tuning writes it back as loaded.
     again = os.path.join(self.dir, "again.json")
-    self.assertGreaterEqual(jd.save_tuning(again), 1)
+    self.assertGreaterEqual(jd.runtime.save_tuning(again), 1)
     with open(again) as f:
       saved = [e for e in json.load(f)["entries"]
                if (e["m"], e["n"], e["k"]) == (M, N, K) and e["gpu"] == entry["gpu"]]
@@ -108,17 +108,17 @@ class CudaTuningFileTest(absltest.TestCase):
     path = os.path.join(self.dir, "v1.json")
     with open(path, "w") as f:
       json.dump({"format": "jax_distgemm tuning", "version": 1, "entries": [v1]}, f)
-    jd.clear_tuning()
+    jd.runtime.clear_tuning()
     same_model = [g for g in GPUS if g.device_kind == GPUS[0].device_kind]
-    self.assertEqual(jd.load_tuning(path), len(same_model))
+    self.assertEqual(jd.runtime.load_tuning(path), len(same_model))
     self.check_output()
-    lines = [ln for ln in shape_lines(jd.describe_tuning()) if ln.startswith("device 0 ")]
-    self.assertLen(lines, 1, jd.describe_tuning())
+    lines = [ln for ln in shape_lines(jd.runtime.describe_tuning()) if ln.startswith("device 0 ")]
+    self.assertLen(lines, 1, jd.runtime.describe_tuning())
     self.assertIn("(99.5 ms)", lines[0])
 
   def test_an_invalid_record_installs_nothing(self):
     entry = self.tuned_entry()
-    before = jd.describe_tuning()
+    before = jd.runtime.describe_tuning()
     path = os.path.join(self.dir, "bad.json")
     for bad, rule in (
         ({**entry, "config": "Cooperative 999x999"}, "unknown kernel config"),
@@ -133,8 +133,8 @@ class CudaTuningFileTest(absltest.TestCase):
         with open(path, "w") as f:
           json.dump({"format": "jax_distgemm tuning", "version": 2, "entries": [good, bad]}, f)
         with self.assertRaisesRegex(ValueError, re.escape(path) + ".*" + rule):
-          jd.load_tuning(path)
-        self.assertEqual(jd.describe_tuning(), before)
+          jd.runtime.load_tuning(path)
+        self.assertEqual(jd.runtime.describe_tuning(), before)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """jit-level entry point (jax_distgemm.collective_matmul) on 8 fake CPU devices.
 
-The rule table (jax_distgemm/_src/partitioning.py) on PartitionSpecs alone; then every
+The rule table (jax_distgemm/_src/sharding_rules.py) on PartitionSpecs alone; then every
 schedule end to end on a 1-D "tp" mesh and a 2x4 ("data", "tp") mesh, through the explicit
 shard_map path (concrete NamedSharding'd arrays, in_specs=, Explicit mesh axes) and the
 automatic one (custom_partitioning with a Shardy rule inside jax.jit), with HLO assertions,

@@ -54,8 +54,8 @@ class TuningFileTest(parameterized.TestCase):
   def test_round_trip_through_the_module(self):
     fake = fake_module([ENTRY], installed=2)
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
-      self.assertEqual(jd.save_tuning(self.path), 1)
-      self.assertEqual(jd.load_tuning(self.path), 2)
+      self.assertEqual(jd.runtime.save_tuning(self.path), 1)
+      self.assertEqual(jd.runtime.load_tuning(self.path), 2)
     with open(self.path) as f:
       data = json.load(f)
     self.assertEqual(data["format"], runtime.TUNING_FORMAT)
@@ -71,24 +71,24 @@ class TuningFileTest(parameterized.TestCase):
     other = {**ENTRY, "m": 2048}
     fake = fake_module([ENTRY, ENTRY, faster, other])
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
-      self.assertEqual(jd.save_tuning(self.path), 2)
+      self.assertEqual(jd.runtime.save_tuning(self.path), 2)
     with open(self.path) as f:
       self.assertEqual(json.load(f)["entries"], [faster, other])
 
   def test_without_the_cuda_module(self):
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=None):
-      self.assertEqual(jd.save_tuning(self.path), 0)
+      self.assertEqual(jd.runtime.save_tuning(self.path), 0)
       self.write(tuning_file([ENTRY]))
-      self.assertEqual(jd.load_tuning(self.path), 0)  # checked, nothing to install it on
+      self.assertEqual(jd.runtime.load_tuning(self.path), 0)  # checked, nothing to install it on
       self.write(tuning_file([{"m": 1}]))
       with self.assertRaisesRegex(ValueError, "missing field"):
-        jd.load_tuning(self.path)
-      jd.clear_tuning()  # a no-op
+        jd.runtime.load_tuning(self.path)
+      jd.runtime.clear_tuning()  # a no-op
 
   def test_clear(self):
     fake = fake_module()
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
-      jd.clear_tuning()
+      jd.runtime.clear_tuning()
     fake.clear_tuning.assert_called_once_with()
 
   def test_version_1_file_loads_as_version_2(self):
@@ -98,7 +98,7 @@ class TuningFileTest(parameterized.TestCase):
     self.write(v1_file([V1_ENTRY, trial]))
     fake = fake_module(installed=4)
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
-      self.assertEqual(jd.load_tuning(self.path), 4)
+      self.assertEqual(jd.runtime.load_tuning(self.path), 4)
     fake.import_tuning.assert_called_once_with([ENTRY, {**ENTRY, "m": 2048}])
 
   def test_version_1_file_is_rewritten_as_version_2_when_merged(self):
@@ -120,7 +120,7 @@ class TuningFileTest(parameterized.TestCase):
     fake = fake_module()
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
       with self.assertRaises(ValueError) as cm:
-        jd.load_tuning(self.path)
+        jd.runtime.load_tuning(self.path)
     msg = str(cm.exception)
     self.assertIn(f"jax_distgemm.load_tuning: {self.path}: entry 1: {what}", msg)
     self.assertIn("a version 1 record loads only if it was tuned the way this jax_distgemm "
@@ -162,7 +162,7 @@ class TuningFileTest(parameterized.TestCase):
     fake = fake_module()
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
       with self.assertRaisesRegex(ValueError, rule):
-        jd.load_tuning(self.path)
+        jd.runtime.load_tuning(self.path)
     fake.import_tuning.assert_not_called()
 
   def test_unreadable_paths_raise_value_error_naming_the_path(self):
@@ -177,7 +177,7 @@ class TuningFileTest(parameterized.TestCase):
       with self.subTest(path=path), mock.patch.object(runtime.ffi_modules, "module_for",
                                                       return_value=fake):
         with self.assertRaisesRegex(ValueError, "^jax_distgemm.load_tuning: .*" + rule) as cm:
-          jd.load_tuning(path)
+          jd.runtime.load_tuning(path)
         self.assertIn(path, str(cm.exception))
     fake.import_tuning.assert_not_called()
 
@@ -187,7 +187,7 @@ class TuningFileTest(parameterized.TestCase):
       with self.subTest(path=path), mock.patch.object(runtime.ffi_modules, "module_for",
                                                       return_value=fake):
         with self.assertRaisesRegex(ValueError, "^jax_distgemm.save_tuning: cannot write") as cm:
-          jd.save_tuning(path)
+          jd.runtime.save_tuning(path)
         self.assertIn(path, str(cm.exception))
     self.assertEqual(os.listdir(self.dir), [])  # no temporary file left behind
     self.assertFalse(os.path.exists(f"{self.dir}.tmp{os.getpid()}"))  # (save_tuning(self.dir))
@@ -206,7 +206,7 @@ class TuningFileTest(parameterized.TestCase):
       self.assertEqual(runtime._save_tuning(self.path, keep_existing=True), (2, 2))
       with open(self.path) as f:
         self.assertEqual(json.load(f)["entries"], [h100, untuned, ENTRY, new_shape])
-      self.assertEqual(jd.load_tuning(self.path), 2)  # a valid file
+      self.assertEqual(jd.runtime.load_tuning(self.path), 2)  # a valid file
       # Merging again changes nothing; without a file it writes this run's choices only.
       self.assertEqual(runtime._save_tuning(self.path, keep_existing=True), (2, 2))
       os.remove(self.path)
@@ -219,7 +219,7 @@ class TuningFileTest(parameterized.TestCase):
         self.assertEqual(f.read(), "{")
       # save_tuning itself replaces the file, as documented.
       self.write(tuning_file([h100]))
-      self.assertEqual(jd.save_tuning(self.path), 2)
+      self.assertEqual(jd.runtime.save_tuning(self.path), 2)
     with open(self.path) as f:
       self.assertEqual(json.load(f)["entries"], [ENTRY, new_shape])
 
@@ -229,7 +229,7 @@ class TuningFileTest(parameterized.TestCase):
     fake.import_tuning.side_effect = ValueError("tuning record 0 (...): unknown kernel config")
     with mock.patch.object(runtime.ffi_modules, "module_for", return_value=fake):
       with self.assertRaisesRegex(ValueError, f"load_tuning: {self.path}: .*unknown kernel"):
-        jd.load_tuning(self.path)
+        jd.runtime.load_tuning(self.path)
 
 
 if __name__ == "__main__":

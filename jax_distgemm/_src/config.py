@@ -125,7 +125,7 @@ def workspace_cap_bytes() -> int:
 
 
 # JAX_DISTGEMM_RS_PATH's names and the values of the `rs_path` attribute (RsPath in
-# cc/common/rs_path.h); 0, unset: the executor chooses per shape.
+# cc/common/workspace.h); 0, unset: the executor chooses per shape.
 RS_PATHS = {"remote_c": 1, "copy_ring": 2, "gather": 3}
 
 
