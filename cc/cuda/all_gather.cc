@@ -78,7 +78,12 @@ cudaError_t CopyIntoGathered(const Problem& p, int src, const void* shard, void*
 // even after a timeout), never on a peer's flag: a dead peer cannot hang the copy stream.
 template <class Sched>
 std::string CopyGathered(const Problem& p, int rank, DeviceState& me, const void* shard,
-                         void* gathered, int chunks, uint32_t epoch) {
+                         void* gathered, int chunks, uint32_t epoch, const uint32_t* gate) {
+  if (gate != nullptr) {
+    if (cudaError_t e = StreamWaitValue32(me.copy_stream, gate, 1); e != cudaSuccess) {
+      return CudaError("copy gate", e);
+    }
+  }
   if (cudaError_t e = CopyIntoGathered(p, rank, shard, gathered, me.copy_stream);
       e != cudaSuccess) {
     return CudaError("copy own shard into gathered", e);
@@ -220,7 +225,8 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
   if (tp > 1) {
     // After the GEMMs' enqueue: CopyGathered waits for their marks.
     if (gather_out) {
-      if (std::string err = CopyGathered<Sched>(p, rank, me, shard, b.gathered, chunks, epoch);
+      if (std::string err = CopyGathered<Sched>(p, rank, me, shard, b.gathered, chunks, epoch,
+                                                o.copy_gate);
           !err.empty()) {
         return err;
       }

@@ -31,6 +31,9 @@ struct CallOptions {
   bool skip_signals = false;  // fault injection (tests): never deliver to peers
   bool skip_push_done = false;  // fault injection (tests): never mark own pushes done
   bool poison_output = false;  // tests: fill out with NaN first, so unwritten tiles show
+  // Tests: the copy stream waits for *copy_gate >= 1 (mapped host memory) before it copies
+  // shards into a gathered result, so that a test can hold those copies; nullptr: no gate.
+  const uint32_t* copy_gate = nullptr;
   // Overrides of the per-shape choices (workspace.h ChooseRsPath, all_gather.cc AgChunks);
   // 0 = automatic.
   int rs_path = 0;  // RsPath

@@ -21,7 +21,8 @@
 //   cmake -S . -B build -DJAX_DISTGEMM_BUILD_TESTS=ON && ninja -C build virtual_group_check
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
-//       [--control 1] [--fault 1] [--group-per-case 1] [--sequence 1] [--max-lead 2]
+//       [--control 1] [--fault 1 [--start-epoch E | --late-peer 1 | --hold-copies 1]]
+//       [--group-per-case 1] [--sequence 1] [--max-lead 2]
 //       [--progress 1] [--deadline-s S]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
 // --sequence 1: instead, every case once per round (--calls rounds), all enqueued back to back
@@ -42,6 +43,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cc/common/problem.h"
@@ -212,6 +214,20 @@ bool verbose = false;  // --verbose 1: a line per rank and call
 // so that every case must FAIL: shows that the check can fail (printed as "control ...").
 bool control = false;
 bool fault = false;  // --fault 1 (see the file comment)
+// With --fault 1, one of (the faults of the flag protocol's edges; docs/design.md):
+// --start-epoch E: every rank's call counter starts at E (a wait must not pass on a word that
+//   holds an old epoch, at any epoch: E = 2^31 + 5 caught a 32-bit wrapping compare).
+uint64_t g_start_epoch = 0;
+// --late-peer 1: one clean call, then reset(), then every flag word holds that call's epoch,
+//   as a peer still landing it after the reset would leave it: the next call must not pass.
+bool g_late_peer = false;
+// --hold-copies 1: the copy stream's copies into the gathered result wait on a gate that opens
+//   5 timeouts after the call starts; whatever the call returns, nothing may write into the
+//   gathered result after that (it is poisoned at the return and checked after the gate).
+bool g_hold_copies = false;
+uint32_t* g_gate = nullptr;  // mapped pinned: the copy gate
+uint32_t* g_gate_dev = nullptr;
+cudaStream_t g_side_stream = nullptr;  // created first: a hardware queue no rank's stream shares
 // --group-per-case 0 (default): one group (and one main stream per rank) for the whole run,
 // reset between cases (flags, epochs, error record: PeerGroup::Reset), so that the run creates
 // 2 TP streams in all, as a process under XLA does.  1: a fresh group per case, whose copy
@@ -338,10 +354,12 @@ struct CallData {
     }
   }
 
-  // Rank r's call: its buffers and options (rank 0 skips its signals with --fault).
-  std::string Enqueue(int r, jc::PeerGroup& group, cudaStream_t stream) const {
+  // Rank r's call: its buffers and options (rank 0 skips its signals with --fault, unless
+  // `clean`).
+  std::string Enqueue(int r, jc::PeerGroup& group, cudaStream_t stream, bool clean = false) const {
     jc::CallOptions mine = opt;
-    mine.skip_signals = fault && r == 0;
+    mine.skip_signals = fault && !clean && r == 0;
+    if (g_hold_copies && !clean) mine.copy_gate = g_gate_dev;
     return jc::EnqueueDistGemm(p, r, group, {x[r], w[r], nullptr, out[r], gathered[r]}, mine,
                                stream);
   }
@@ -505,14 +523,62 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
   bool ok = true;
   double worst = 0;
   std::string first_error;
+  if (fault && g_start_epoch > 0) {
+    for (int r = 0; r < tp; ++r) group->dev(r).epoch = decltype(group->dev(r).epoch)(g_start_epoch);
+  }
+  if (fault && g_late_peer) {
+    d.Prepare(7u, g);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    RunRanks(group, streams, ws_bytes, group_base * 100 + 99, timeout_ms, -1,
+             [&](int r, cudaStream_t stream) { return d.Enqueue(r, *group, stream, true); });
+    const uint64_t late = group->dev(0).epoch;  // the clean call's epoch, as a late peer lands it
+    if (std::string e = group->Reset(); !e.empty()) {
+      std::printf("%-36s %-22s FAIL  reset: %s\n", jdg::ScheduleName(c.schedule), PathName(c),
+                  e.c_str());
+      return false;
+    }
+    using Word = std::remove_pointer_t<decltype(group->dev(0).flags)>;
+    std::vector<Word> stale(jc::kFlagWords, Word(late));
+    for (int r = 0; r < tp; ++r) {
+      CHECK_CUDA(cudaMemcpy(group->dev(r).flags, stale.data(), stale.size() * sizeof(Word),
+                            cudaMemcpyHostToDevice));
+    }
+  }
   for (int call = 0; call < calls && ok; ++call) {
     d.Prepare(1000u * call, g);
     CHECK_CUDA(cudaDeviceSynchronize());
     g_call = group_base * 100 + call;
+    std::thread gate;
+    if (fault && g_hold_copies) {
+      *reinterpret_cast<volatile uint32_t*>(g_gate) = 0;
+      gate = std::thread([timeout_ms] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5 * timeout_ms));
+        *reinterpret_cast<volatile uint32_t*>(g_gate) = 1;
+      });
+    }
     // run_id keys the group's setup meeting (by ordinals): unique per case and call.
     const std::vector<std::string> errors =
         RunRanks(group, streams, ws_bytes, group_base * 100 + call, timeout_ms, call,
                  [&](int r, cudaStream_t stream) { return d.Enqueue(r, *group, stream); });
+    std::string late_write;  // --hold-copies: a write into a gathered result after the return
+    if (fault && g_hold_copies) {
+      const size_t bytes = size_t(tp) * d.shard_elems * 2;
+      for (int r = 0; r < tp; ++r) {
+        CHECK_CUDA(cudaMemsetAsync(d.gathered[r], 0xEE, bytes, g_side_stream));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(g_side_stream));
+      gate.join();
+      CHECK_CUDA(cudaDeviceSynchronize());  // every copy the calls enqueued has run
+      std::vector<uint8_t> h(bytes);
+      for (int r = 0; r < tp && late_write.empty(); ++r) {
+        CHECK_CUDA(cudaMemcpy(h.data(), d.gathered[r], bytes, cudaMemcpyDeviceToHost));
+        const int64_t bad = std::count_if(h.begin(), h.end(), [](uint8_t v) { return v != 0xEE; });
+        if (bad > 0) {
+          late_write = " | rank " + std::to_string(r) + ": " + std::to_string(bad) +
+                       " bytes of the gathered result written after the call returned";
+        }
+      }
+    }
     if (fault) {
       // Every rank came back (else the watchdog ends the run); each rank but 0, whose peers all
       // delivered, must report the timeout.  Rank 0 sees the group's shared error record only
@@ -527,11 +593,10 @@ bool RunCase(const Case& c, int tp, const Shapes& g, int calls, int64_t timeout_
                     (errors[r].empty() ? std::string("no error") : errors[r]);
         }
       }
-      std::printf("%-36s %-22s fault %s  %d of ranks 1-%d returned the timeout error: %s%s\n",
-                  jdg::ScheduleName(c.schedule), PathName(c),
-                  reported == tp - 1 ? "OK  " : "FAIL", reported, tp - 1,
-                  errors[tp - 1].c_str(), others.c_str());
-      ok = reported == tp - 1;
+      ok = reported == tp - 1 && late_write.empty();
+      std::printf("%-36s %-22s fault %s  %d of ranks 1-%d returned the timeout error: %s%s%s\n",
+                  jdg::ScheduleName(c.schedule), PathName(c), ok ? "OK  " : "FAIL", reported,
+                  tp - 1, errors[tp - 1].c_str(), others.c_str(), late_write.c_str());
       break;
     }
     for (int r = 0; r < tp; ++r) {
@@ -678,6 +743,13 @@ int main(int argc, char** argv) {
   verbose = Arg(argc, argv, "--verbose", 0) != 0;
   control = Arg(argc, argv, "--control", 0) != 0;
   fault = Arg(argc, argv, "--fault", 0) != 0;
+  g_start_epoch = uint64_t(Arg(argc, argv, "--start-epoch", 0));
+  g_late_peer = Arg(argc, argv, "--late-peer", 0) != 0;
+  g_hold_copies = Arg(argc, argv, "--hold-copies", 0) != 0;
+  if (!fault && (g_start_epoch > 0 || g_late_peer || g_hold_copies)) {
+    std::fprintf(stderr, "--start-epoch, --late-peer and --hold-copies need --fault 1\n");
+    return 2;
+  }
   group_per_case = Arg(argc, argv, "--group-per-case", 0) != 0;
   g_f16 = Arg(argc, argv, "--f16", 0) != 0;
   g_out_f32 = Arg(argc, argv, "--out-f32", 0) != 0;
@@ -698,6 +770,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t deadline_s = Arg(argc, argv, "--deadline-s", 0);  // 0: none
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_side_stream, cudaStreamNonBlocking));
+  {
+    void* h = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&h, sizeof(uint32_t), cudaHostAllocMapped));
+    g_gate = static_cast<uint32_t*>(h);
+    *g_gate = 1;
+    void* d = nullptr;
+    CHECK_CUDA(cudaHostGetDevicePointer(&d, h, 0));
+    g_gate_dev = static_cast<uint32_t*>(d);
+  }
   {
     void* h = nullptr;
     CHECK_CUDA(cudaHostAlloc(&h, 2 * 8 * sizeof(uint32_t), cudaHostAllocMapped));
