@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_distgemm._src import config
+from jax_distgemm._src import implementation as impl
 from jax_distgemm._src import sharding_rules as rules
 from jax_distgemm._src.collective import collective_matmul
 from jax_distgemm._src.schedules import Schedule
@@ -84,9 +85,9 @@ class _ParallelLinear(nnx.Module):
     elif implementation is not None and not isinstance(implementation, str):
       raise TypeError(f"{name}: implementation: expected a name, None or a callable, got "
                       f"{implementation!r}")
-    elif implementation is not None and implementation not in ("ffi", "xla", "reference"):
-      raise ValueError(f"{name}: implementation: expected one of ('ffi', 'xla', 'reference'), "
-                       f"None or a callable, got {implementation!r}")
+    elif implementation is not None and implementation not in impl.IMPLEMENTATIONS:
+      raise ValueError(f"{name}: implementation: expected one of {impl.IMPLEMENTATIONS}, None or "
+                       f"a callable, got {implementation!r}")
     self.in_features, self.out_features = int(in_features), int(out_features)
     self.use_bias, self.dtype, self.param_dtype = use_bias, dtype, param_dtype
     self.axis, self.batch_axis, self.mesh = axis, batch_axis, mesh

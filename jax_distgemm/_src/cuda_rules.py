@@ -75,10 +75,10 @@ def xla_faster_reason(x, w, schedule: Schedule, tp: int) -> str | None:
 
   Unbatched calls whose whole per-device problem is at most one wave of 128x128 tiles (decode
   and small-batch shapes).  There XLA's dot is a split-K kernel that streams the weight once
-  from every SM: on one H200 it ran 1.3-2x faster than our stage kernels at such stages (CUPTI
-  kernel times, docs/performance.md W2), while the fused schedule reads the weight shard TP
-  times (a ReduceScatter in TP sequential stage launches) and can hide only the transfer of a
-  shard of a few MiB.  Batched calls are left to the fused path (not measured).
+  from every SM, faster than our data-parallel stage kernels at such stages, while the fused
+  schedule reads the weight shard TP times (a ReduceScatter in TP sequential stage launches)
+  and can hide only the transfer of a shard of a few MiB.  Batched calls are left to the
+  fused path (not measured).
   """
   if math.prod(x.shape[:-2]) != 1 or len(w.shape) > 2:
     return None

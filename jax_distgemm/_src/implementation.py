@@ -57,7 +57,13 @@ def check_name(implementation, what: str = "implementation") -> str | None:
 
 def requested(implementation: str | None) -> str | None:
   """The caller's choice, or JAX_DISTGEMM_IMPLEMENTATION's where the caller left None."""
-  return check_name(implementation) or config.forced_implementation()
+  if check_name(implementation) is not None:
+    return implementation
+  forced = config.forced_implementation()
+  if forced is not None and forced not in IMPLEMENTATIONS:
+    raise ValueError(f"JAX_DISTGEMM_IMPLEMENTATION must be one of {IMPLEMENTATIONS} or unset, "
+                     f"got {forced!r}")
+  return forced
 
 
 def platform() -> str:
