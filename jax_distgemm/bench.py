@@ -1,15 +1,14 @@
 """Benchmark of jax_distgemm's collective matmuls against the ideal and XLA's own ways.
 
-A case is a schedule and a global x [L, M, K] @ w [L, K, N] over TP devices. Its rows:
-ideal (an XLA dot of one device's share of the FLOPs, no communication), ffi (ours,
-implementation="ffi"), auto (implementation=None, what users get by default), reference (XLA
-all_gather + dot / dot + psum_scatter), xla (the ppermute ring) and windowed_einsum (the
-reference formulation left to XLA's SPMD partitioner, in a child process with
-WINDOWED_EINSUM_FLAGS added to XLA_FLAGS; GPU only). Efficiency = ideal / ours; speedup = best
-of (reference, xla, windowed_einsum) / ours. ffi, auto and xla are checked against reference
-(relative Frobenius error <= --eps, else the case FAILs and the exit status is 1); a row that
-cannot run a case says why. --local-gemm also times one stage's GEMM, XLA's dot against ours
-(the fused op at TP=1 on one device), and reports XLA / ours.
+A case is a schedule and a global x [L, M, K] @ w [L, K, N] over TP devices. Its rows: ideal (an
+XLA dot of one device's share of the FLOPs, no communication), ffi (ours, implementation="ffi"),
+auto (implementation=None, what users get by default), reference (all_gather + dot / dot +
+psum_scatter), xla (the ppermute ring) and windowed_einsum (the reference formulation left to
+XLA's SPMD partitioner with WINDOWED_EINSUM_FLAGS, in a child process; GPU only). Efficiency =
+ideal / ours; speedup = best of (reference, xla, windowed_einsum) / ours. ffi, auto and xla are
+checked against reference (relative Frobenius error <= --eps, else the case FAILs and the exit
+status is 1); a row that cannot run a case says why. --local-gemm also times one stage's GEMM,
+XLA's dot against ours (the fused op at TP=1 on one device): XLA / ours.
 
 Timing: compile, warm up, then --repeats rounds in which every row runs N back-to-back calls
 (N for ~30 ms, or --iterations), in a new shuffled order each round; the median is reported.
@@ -17,25 +16,25 @@ Inputs are fresh normal data rotated over enough sets to exceed twice the L2 (--
 Without a GPU it runs tiny shapes on fake CPU devices: a smoke test, not a measurement.
 Progress goes to stderr, the table to stdout.
 
-Usage:
-  python -m jax_distgemm.bench                       # the seed's shape, AG-RotA
+Usage (by default the seed's shape, AG-RotA):
   python -m jax_distgemm.bench --m 8192 --n 28672 --k 8192 --schedule RS-TilA
-  python -m jax_distgemm.bench --suite --json out.json --plot out.png
+  python -m jax_distgemm.bench --suite --local-gemm --json out.json --plot out.png
   python -m jax_distgemm.bench --suite small --list  # decode and small-batch cases, not run
-  python -m jax_distgemm.bench --suite --local-gemm --tuning-file tuning.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
+import importlib.util
 import json
 import math
 import os
+import pathlib
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -45,11 +44,9 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
-from jax.sharding import PartitionSpec as P
 
 import jax_distgemm
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm import runtime
 from jax_distgemm._src import cli, reference, validation
 from jax_distgemm._src.schedules import Schedule
 
@@ -68,32 +65,28 @@ CHILD_FLAG = "--_windowed-einsum-child"
 SEED_SHAPE = (16384, 16384, 106496)
 STANDARD_SHAPES = ((8192, 8192, 28672), (4096, 8192, 8192), SEED_SHAPE, (8192, 4096, 4096),
                    (2048, 8192, 8192))
-# Decode and small-batch calls: square 8192 layers at three token counts, and a 70B-like MLP's
-# up projection (AllGather) and down projection (ReduceScatter) at 64 tokens.
-SMALL_SHAPES = {
-    AG_A: ((64, 8192, 8192), (256, 8192, 8192), (1024, 8192, 8192), (64, 8192, 28672)),
-    RS_A: ((64, 8192, 8192), (256, 8192, 8192), (1024, 8192, 8192), (64, 28672, 8192)),
-}
-SUITES = ("standard", "small")
+# Standard: every shape for AG-RotA and RS-TilA, the seed's for the other two. Small: decode and
+# small-batch calls, square 8192 layers at three token counts and a 70B-like MLP's up projection
+# (AllGather) and down projection (ReduceScatter) at 64 tokens.
+SQUARE_8192 = tuple((tokens, 8192, 8192) for tokens in (64, 256, 1024))
+SUITES = {"standard": {AG_A: STANDARD_SHAPES, RS_A: STANDARD_SHAPES, AG_B: (SEED_SHAPE,),
+                       RS_B: (SEED_SHAPE,)},
+          "small": {AG_A: SQUARE_8192 + ((64, 8192, 28672),),
+                    RS_A: SQUARE_8192 + ((64, 28672, 8192),)}}
 CPU_SHAPE = (256, 128, 512)
 CPU_SCALE = {"standard": 64, "small": 16}  # on CPU a suite's dimensions are divided by these
 # The small suite's calls take 20-100 us: one dispatch per call would time the host, not the GPU.
 SMALL_CALLS_PER_PROGRAM = 16
 TARGET_REPEAT_MS = 30.0
 MAX_SETS, SET_BUDGET_BYTES = 32, 8 * 2**30  # a row's rotating input sets, and their bytes
-
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-DEFAULT_EPS = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-3}
+# --dtype: the array dtype and the default --eps.
+DTYPES = {"bf16": ("bfloat16", 1e-2), "fp16": ("float16", 2e-3), "fp32": ("float32", 1e-3)}
 
 
 def suite(name: str, scale: int = 1) -> list[tuple[Schedule, int, int, int]]:
   """(schedule, M, K, N) of a named suite, each dimension divided by `scale`."""
-  if name == "small":
-    cases = [(s, *shape) for s, shapes in SMALL_SHAPES.items() for shape in shapes]
-  else:  # every standard shape for AG-RotA and RS-TilA, the seed's for the other two
-    cases = [(s, *shape) for s in (AG_A, RS_A) for shape in STANDARD_SHAPES]
-    cases += [(s, *SEED_SHAPE) for s in (AG_B, RS_B)]
-  return [(s, m // scale, k // scale, n // scale) for s, m, k, n in cases]
+  return [(s, m // scale, k // scale, n // scale) for s, shapes in SUITES[name].items()
+          for m, k, n in shapes]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +108,7 @@ class Case:
     batch = f" L={self.l}" if self.l > 1 else ""
     return f"{SHORT_NAMES[self.schedule]} {self.m},{self.k},{self.n}{batch}"
 
-  def specs(self):
-    """(x, w, out) PartitionSpecs of the global arrays over mesh axis "tp"."""
+  def specs(self):  # (x, w, out) over mesh axis "tp"
     return self.schedule.partition_specs("tp", (None,) * (self.l > 1), w_batched=True)
 
   def shapes(self, which: str):
@@ -134,13 +126,10 @@ class Case:
     return b + (m, k), b + (k, n), b + (m, n)
 
   def invalid_reason(self) -> str | None:
-    need = {"M": self.m, "N": self.n} if self.schedule.is_all_gather else {"K": self.k}
-    need.update({RS_A: {"M": self.m}, RS_B: {"N": self.n}}.get(self.schedule, {}))
-    bad = [f"{d}={v}" for d, v in need.items() if v % self.tp]
+    dims = {AG_A: "MN", AG_B: "MN", RS_A: "KM", RS_B: "KN"}[self.schedule]  # what TP splits
+    bad = [f"{d}={v}" for d in dims if (v := getattr(self, d.lower())) % self.tp]
     return f"{', '.join(bad)} not divisible by TP={self.tp}" if bad else None
 
-
-# -- Inputs and the functions timed -------------------------------------------------------------
 
 @functools.lru_cache(maxsize=64)
 def _normal(shape, dtype, scale, sharding):
@@ -166,21 +155,17 @@ def draw_inputs(case: Case, key, which: str, shardings, l2_bytes: int) -> list[t
 
   first = one(0)
   per_device = sum(a.addressable_shards[0].data.nbytes for a in first)
-  count = min(max(2, math.ceil(2 * l2_bytes / per_device)), MAX_SETS)
-  count = max(1, min(count, SET_BUDGET_BYTES // per_device))
+  count = min(max(2, math.ceil(2 * l2_bytes / per_device)), MAX_SETS,
+              SET_BUDGET_BYTES // per_device)
   return jax.block_until_ready([first] + [one(i) for i in range(1, count)])
 
 
 def _distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
-  x_spec, w_spec, out_spec = case.specs()
-
-  def body(x, w, *c):
-    return jax_distgemm.distributed_matmul(
-        x, w, *c, axis_name="tp", schedule=case.schedule, alpha=case.alpha, beta=case.beta,
-        out_dtype=case.dtype, implementation=implementation)
-
-  in_specs = (x_spec, w_spec, out_spec)[:2 + (case.beta != 0)]
-  return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
+  body = functools.partial(jax_distgemm.distributed_matmul, axis_name="tp",
+                           schedule=case.schedule, alpha=case.alpha, beta=case.beta,
+                           out_dtype=case.dtype, implementation=implementation)
+  specs = case.specs()
+  return jax.shard_map(body, mesh=mesh, in_specs=specs[:2 + (case.beta != 0)], out_specs=specs[2])
 
 
 def _dot_fn(case: Case, out_sharding=None):
@@ -198,22 +183,11 @@ def _dot_fn(case: Case, out_sharding=None):
   return f
 
 
-def _stage_fn(case: Case, device):
-  """Our stage GEMM alone: the fused op at TP=1 on `device`, whose schedule is then exactly one
-  stage GEMM (tuned like every stage), with no peers to wait for."""
-  body = functools.partial(jax_distgemm.distributed_matmul, axis_name="tp", schedule=AG_A,
-                           implementation="ffi", out_dtype=case.dtype)
-  return jax.shard_map(body, mesh=Mesh(np.array([device]), ("tp",)), in_specs=(P(), P()),
-                       out_specs=P(), check_vma=False)
-
-
 @jax.jit
 def _rel_err(out, ref):
   o, r = out.astype(jnp.float32), ref.astype(jnp.float32)
   return jnp.linalg.norm(o - r) / jnp.maximum(jnp.linalg.norm(r), 1e-30)
 
-
-# -- Timing -------------------------------------------------------------------------------------
 
 def guarded(fn):
   """(fn(), None), or (None, a row saying why fn raised): NotImplementedError is 'unsupported'."""
@@ -248,20 +222,15 @@ class Timed:
     return (time.perf_counter() - t0) * 1e3
 
   def first_output(self):  # that of the first call, on the first input set
-    out = self.call(*self.groups[0])
-    return out[0] if self.per_program > 1 else out
+    return self.call(*self.groups[0])[0]
 
 
 def compile_timed(fn, sets: list, k: int) -> Timed:
-  """`fn` compiled k calls to a program, each on its own input set.
-
-  NOTE: the k calls are independent, so a baseline's collectives may overlap another call's
-  dot; that can only flatter the baselines (our custom calls run one after another anyway).
-  """
-  if k == 1:
-    return Timed(jax.jit(fn).lower(*sets[0]).compile(), sets, 1)
+  """`fn` compiled k calls to a program, each on its own input set."""
   groups = [tuple(sets[(j * k + i) % len(sets)] for i in range(k))
             for j in range(max(1, len(sets) // k))]
+  # NOTE: the k calls are independent, so a baseline's collectives may overlap another call's
+  # dot; that can only flatter the baselines (our custom calls run one after another anyway).
   program = jax.jit(lambda *group: [fn(*s) for s in group])
   return Timed(program.lower(*groups[0]).compile(), groups, k)
 
@@ -275,89 +244,77 @@ def time_interleaved(timed: list[Timed], args, sync_each: bool, log) -> None:
       return math.ceil(args.iterations / t.per_program)
     n, ms = 1, t.run_ms(1, sync_each)
     while ms < 5 and n < 4096:  # long enough that one dispatch and sync hardly count
-      n *= 4
-      ms = t.run_ms(n, sync_each)
+      n, ms = n * 4, t.run_ms(n * 4, sync_each)
     return int(min(500, max(10, math.ceil(TARGET_REPEAT_MS * n / ms))))
 
   for t in timed:
     t.programs, t.failure = guarded(lambda t=t: warm(t))
   for r in range(args.repeats):
     log(f"round {r + 1}/{args.repeats}")
-    order = list(timed)
-    random.Random(args.seed * 1_000_003 + r).shuffle(order)
+    order = random.Random(args.seed * 1_000_003 + r).sample(timed, len(timed))
     for t in (t for t in order if not t.failure):
       ms, t.failure = guarded(lambda t=t: t.run_ms(t.programs, sync_each))
       if ms is not None:
         t.times.append(ms / (t.programs * t.per_program))
 
 
-# -- One case -----------------------------------------------------------------------------------
-
 def measure_case(case: Case, index: int, devices, names, args, log) -> dict:
-  """Times the rows `names` of `case` (with --local-gemm also "local_xla" and "local_ours",
-  our stage GEMM and XLA's dot on the same operands) in interleaved rounds: {row: its dict}."""
-  mesh = Mesh(np.array(devices), ("tp",))
+  """{row: its dict} of the rows `names`: of ROWS, and local_xla and local_ours (--local-gemm)."""
   key = jax.random.fold_in(jax.random.key(args.seed), index)
-  l2 = int(args.l2_mb * 2**20)
-  k = SMALL_CALLS_PER_PROGRAM if args.suite == "small" else 1
-  single = (SingleDeviceSharding(devices[0]),) * 3
-  rows, timed = {}, {}
+  rows, timed, k = {}, {}, SMALL_CALLS_PER_PROGRAM if args.suite == "small" else 1
 
-  def add(row_names, make_fn, case, which, shardings, salt):
-    if not row_names:
+  def add(salt, case, which, shardings, makers):  # rows that time the same inputs
+    if not (makers := {n: f for n, f in makers.items() if n in names}):
       return
     sets, fail = guarded(lambda: draw_inputs(case, jax.random.fold_in(key, salt), which,
-                                             shardings, l2))
-    for name in row_names:
+                                             shardings, int(args.l2_mb * 2**20)))
+    for name, make in makers.items():
       log(f"compiling {name}")
       t, rows[name] = (None, fail) if fail else guarded(
-          lambda name=name: compile_timed(make_fn(name), sets, k))
+          lambda make=make: compile_timed(make(), sets, k))
       if t:
         rows[name], timed[name] = {"status": "ok"}, t
 
-  mesh_shardings = [NamedSharding(mesh, s) for s in case.specs()]
-  add([n for n in names if n != "ideal"], lambda name: (
-      _dot_fn(case, mesh_shardings[2]) if name == "windowed_einsum" else
-      _distributed_fn(case, mesh, IMPLEMENTATIONS[name])), case, "global", mesh_shardings, 0)
-  add([n for n in names if n == "ideal"], lambda _: _dot_fn(case), case, "ideal", single, 1)
-  if args.local_gemm:
-    stage = dataclasses.replace(case, alpha=1.0, beta=0.0)
-    add(["local_xla", "local_ours"], lambda name: (
-        _dot_fn(stage) if name == "local_xla" else _stage_fn(stage, devices[0])),
-        stage, "stage", single, 2)
-
-  if "auto" in timed:  # which implementation auto chose, from the compiled program
-    hlo = timed["auto"].call.as_text()
-    rows["auto"]["resolved"] = ("ffi" if 'custom_call_target="jax_distgemm' in hlo else
-                                "xla" if "collective-permute" in hlo else "reference")
-  if "windowed_einsum" in timed:
-    rows["windowed_einsum"]["windowed_loop"] = "windowed_dot_general" in timed[
-        "windowed_einsum"].call.as_text()  # False: XLA did not rewrite it
-  ref_out, ref_fail = None, rows.get("reference")
-  if "reference" in timed:
-    ref_out, ref_fail = guarded(timed["reference"].first_output)
+  mesh, single = Mesh(np.array(devices), ("tp",)), (SingleDeviceSharding(devices[0]),) * 3
+  on_mesh = [NamedSharding(mesh, s) for s in case.specs()]
+  add(0, case, "global", on_mesh, {
+      **{n: functools.partial(_distributed_fn, case, mesh, i) for n, i in IMPLEMENTATIONS.items()},
+      "windowed_einsum": lambda: _dot_fn(case, on_mesh[2])})
+  add(1, case, "ideal", single, {"ideal": lambda: _dot_fn(case)})
+  # Our stage GEMM alone: the fused op at TP=1 on one device, whose schedule is then exactly
+  # one stage GEMM (tuned like every stage), with no peers to wait for.
+  stage = dataclasses.replace(case, alpha=1.0, beta=0.0)
+  add(2, stage, "stage", single, {"local_xla": lambda: _dot_fn(stage), "local_ours": lambda: (
+      _distributed_fn(dataclasses.replace(stage, schedule=AG_A),
+                      Mesh(np.array(devices[:1]), ("tp",)), "ffi"))})
+  hlo = {n: timed[n].call.as_text() for n in ("auto", "windowed_einsum") if n in timed}
+  if "auto" in hlo:  # which implementation auto chose, from the compiled program
+    rows["auto"]["resolved"] = ("ffi" if 'custom_call_target="jax_distgemm' in hlo["auto"] else
+                                "xla" if "collective-permute" in hlo["auto"] else "reference")
+  if "windowed_einsum" in hlo:  # False: XLA did not rewrite it
+    rows["windowed_einsum"]["windowed_loop"] = "windowed_dot_general" in hlo["windowed_einsum"]
+  ref_out, ref_fail = (guarded(timed["reference"].first_output) if "reference" in timed else
+                       (None, rows.get("reference")))
+  no_ref = {"status": "error", "reason": f"not checked: no reference output: "
+            f"{(ref_fail or {}).get('reason')}"}
   for name in (n for n in CHECKED if n in timed):
-    if ref_out is None:
-      err, fail = None, {"status": "error", "reason": "not checked: no reference output: "
-                         f"{(ref_fail or {}).get('reason')}"}
-    else:
-      err, fail = guarded(lambda name=name: float(_rel_err(timed[name].first_output(), ref_out)))
-    rows[name].update(fail or {"rel_err": err if math.isfinite(err) else None})  # NaN: not JSON
+    err, fail = (None, no_ref) if ref_out is None else guarded(
+        lambda name=name: float(_rel_err(timed[name].first_output(), ref_out)))
+    rows[name].update(fail or {"rel_err": err if math.isfinite(err) else None,  # NaN: not JSON
+                               "correct": err <= args.eps})
     if fail:  # nothing to time: it does not run, or it cannot be checked
       del timed[name]
   del ref_out  # the seed shape's output takes GiBs per device
-
   time_interleaved(list(timed.values()), args, devices[0].platform == "cpu", log)
   for name, t in timed.items():
-    rows[name].update(t.failure or {"ms": statistics.median(t.times), "ms_repeats": t.times,
+    rows[name].update(t.failure or {"ms": float(np.median(t.times)), "ms_repeats": t.times,
                                     "calls_per_repeat": t.programs * t.per_program,
                                     "input_sets": len(t.groups) * t.per_program})
   return rows
 
 
 def finalize(case: Case, rows: dict, eps: float, platform: str) -> dict:
-  """A case's result: TFLOP/s, efficiency and speedup of every timed row, the eps check, and
-  the local-GEMM ratio if it was timed."""
+  """A case's result: TFLOP/s and ratios of its rows, the --eps check, the local GEMM's."""
   ok = {n: r["ms"] for n, r in rows.items() if "ms" in r}
   flops = 2 * case.l * case.m * case.k * case.n / case.tp  # per device
   best = min((n for n in BASELINES if n in ok), key=ok.get, default=None)
@@ -365,21 +322,15 @@ def finalize(case: Case, rows: dict, eps: float, platform: str) -> dict:
     rows[name].update(tflops_per_device=flops / (ms * 1e9),
                       efficiency=ok["ideal"] / ms if "ideal" in ok else None,
                       speedup=ok[best] / ms if best else None)
-  failures = []
-  for name, row in ((n, rows[n]) for n in CHECKED):
-    if row["status"] == "error":
-      failures.append(f"{name}: {row['reason']}")
-    elif row["status"] == "ok":
-      row["correct"] = row["rel_err"] is not None and row["rel_err"] <= eps
-      if not row["correct"]:
-        failures.append(f"{name}: rel_err {_fmt(row['rel_err'], '.3g')} > eps {eps:g}")
+  failures = [f"{n}: {r['reason']}" if r["status"] == "error" else
+              f"{n}: rel_err {_fmt(r['rel_err'], '.3g')} > eps {eps:g}"
+              for n in CHECKED if (r := rows[n])["status"] == "error" or r.get("correct") is False]
   result = {"case": {**dataclasses.asdict(case), "schedule": case.schedule.name},
             "label": case.label, "rows": {n: rows[n] for n in ROWS},
             "efficiency": rows["ffi"].get("efficiency"), "speedup": rows["ffi"].get("speedup"),
             "best_baseline": best, "eps": eps, "passed": not failures, "failures": failures}
   if "local_xla" in rows:
-    xla, ours = rows["local_xla"], rows["local_ours"]
-    xs, ws, _ = case.shapes("stage")
+    (xs, ws, _), xla, ours = case.shapes("stage"), rows["local_xla"], rows["local_ours"]
     result["local_gemm"] = {
         "stage_shape": [*xs[-2:], ws[-1]], "xla_ms": xla.get("ms"), "ours_ms": ours.get("ms"),
         "executor": "cutlass" if platform == "gpu" else f"{platform} executor",
@@ -388,8 +339,6 @@ def finalize(case: Case, rows: dict, eps: float, platform: str) -> dict:
                             if "ms" not in r) or None}
   return result
 
-
-# -- The windowed-einsum child ------------------------------------------------------------------
 
 def run_windowed_child(argv: list[str], log) -> dict:
   """This benchmark again in a child process with WINDOWED_EINSUM_FLAGS added to XLA_FLAGS,
@@ -407,32 +356,18 @@ def run_windowed_child(argv: list[str], log) -> dict:
                  f"{proc.returncode} and no result (its output is on stderr)"}}
 
 
-def _child_main(args) -> None:
-  """The child's side: one JSON line on stdout (progress on stderr)."""
-  devices, platform = select_devices(args.tp)
-  args.local_gemm, out = False, {} if platform == "gpu" else {"": {
-      "status": "skipped", "reason": f"no GPU ({platform}): windowed einsum is an XLA:GPU rewrite"}}
-  for i, case in enumerate(resolve_cases(args, platform) if platform == "gpu" else ()):
-    out[case.label] = measure_case(case, i, devices, ("windowed_einsum",), args, lambda msg: print(
-        f"[child] {msg}", file=sys.stderr, flush=True))["windowed_einsum"]
-  print(json.dumps(out))
-
-
-# -- Command line -------------------------------------------------------------------------------
-
 def _at_least(kind, low):
   def parse(s):
-    v = kind(s)
-    if not (math.isfinite(v) and v >= low):
+    if not (math.isfinite(v := kind(s)) and v >= low):
       raise argparse.ArgumentTypeError(f"must be a number >= {low}, got {s}")
     return v
   return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str]) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="python -m jax_distgemm.bench", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  positive = _at_least(int, 1)
+  positive, count, nonneg = _at_least(int, 1), _at_least(int, 0), _at_least(float, 0.0)
   p.add_argument("--m", type=positive, help="global M (GPU default 16384, CPU 256)")
   p.add_argument("--n", type=positive, help="global N (GPU default 106496, CPU 512)")
   p.add_argument("--k", type=positive, help="global K (GPU default 16384, CPU 128)")
@@ -443,68 +378,51 @@ def build_parser() -> argparse.ArgumentParser:
                  "(default AG-RotA; with --suite, that schedule's cases of the suite)")
   p.add_argument("--tp", type=positive, default=2, help="tensor-parallel size (default 2)")
   p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="default bf16")
-  p.add_argument("--suite", nargs="?", const="standard", choices=SUITES,
-                 help="a suite of shapes instead of one: 'standard' (default) or 'small' "
-                 "(decode and small batches); on CPU its dimensions are scaled down")
-  p.add_argument("--warmup-iterations", type=_at_least(int, 0), default=5,
-                 help="calls before timing (default 5)")
+  p.add_argument("--suite", nargs="?", const="standard", choices=SUITES, help="a suite of "
+                 "shapes: 'standard' (default) or 'small' (decode, small batches); smaller on CPU")
+  p.add_argument("--warmup-iterations", type=count, default=5, help="warm-up calls (default 5)")
   p.add_argument("--iterations", type=positive,
                  help=f"calls per repeat (default: ~{TARGET_REPEAT_MS:g} ms of calls)")
   p.add_argument("--repeats", type=positive, default=7, help="rounds; the median is reported")
-  p.add_argument("--eps", type=_at_least(float, 0.0),
-                 help="max relative Frobenius error of ffi/auto/xla against reference "
-                 "(default 1e-2 for bf16, 2e-3 for fp16, 1e-3 for fp32)")
+  p.add_argument("--eps", type=nonneg, help="max relative Frobenius error of ffi/auto/xla "
+                 "against reference (default 1e-2 for bf16, 2e-3 for fp16, 1e-3 for fp32)")
   p.add_argument("--seed", type=int, default=0, help="PRNG seed of the inputs")
-  p.add_argument("--l2-mb", type=_at_least(float, 0.0), default=60.0,
+  p.add_argument("--l2-mb", type=nonneg, default=60.0,
                  help="L2 size in MiB; input sets rotate past twice it (default 60)")
   p.add_argument("--local-gemm", action="store_true",
                  help="also time one stage's GEMM, XLA's dot and ours (the fused op at TP=1)")
-  p.add_argument("--tuning-file", metavar="PATH",
-                 help="load the stage-GEMM choices saved in PATH (if it exists) before timing, "
-                 "and save this process's choices to it at the end (replacing the file)")
+  p.add_argument("--tuning-file", metavar="PATH", help="load the stage-GEMM choices saved in "
+                 "PATH (if it exists) before timing, save this run's there (replacing it) after")
   p.add_argument("--json", metavar="PATH", help="write the results as JSON")
   p.add_argument("--plot", metavar="PATH", help="write a bar chart as PNG (needs matplotlib)")
   p.add_argument("--list", action="store_true", help="print the cases and exit")
   p.add_argument(CHILD_FLAG, dest="child", action="store_true", help=argparse.SUPPRESS)
-  return p
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-  p = build_parser()
   args = p.parse_args(argv)
   if args.suite and (args.m or args.n or args.k):
     p.error("--suite runs its own shapes: drop --m/--n/--k")
-  args.dtype = DTYPES[args.dtype]
+  args.dtype, eps = DTYPES[args.dtype]
+  args.eps = eps if args.eps is None else args.eps
   names = ({s.name.lower(): [s] for s in Schedule} | {"all": list(Schedule)} |
            {v.lower(): [s] for s, v in SHORT_NAMES.items()})
   args.schedules = names.get((args.schedule or "AG-RotA").lower())
   if args.schedules is None:
     p.error(f"--schedule: unknown {args.schedule!r}: give a full name, one of "
             f"{', '.join(SHORT_NAMES.values())}, or 'all'")
-  try:  # the library's rule, as a usage error rather than a FAIL of every case
-    validation.check_scalars(alpha=args.alpha, beta=args.beta)
-  except ValueError as e:
-    p.error(f"--{e}")
-  try:
+  try:  # the library's rule and the shapes', as usage errors rather than a FAIL of every case
+    validation.check_scalars(**{"--alpha": args.alpha, "--beta": args.beta})
     if not resolve_cases(args, "gpu"):
       p.error(f"--schedule {args.schedule}: --suite {args.suite} has no case of it")
   except ValueError as e:
     p.error(str(e))
-  seen = {}
-  for flag, path in (("--json", args.json), ("--plot", args.plot),
-                     ("--tuning-file", args.tuning_file)):
-    if path is None or args.child:
-      continue
+  outputs = {"--json": args.json, "--plot": args.plot, "--tuning-file": args.tuning_file}
+  seen = {}  # output files: each writable, none named twice; the child writes none
+  for flag, path in ((f, v) for f, v in outputs.items() if v is not None and not args.child):
     cli.check_output_path(p, flag, path)
     if flag == "--plot" and not path.lower().endswith(".png"):
       p.error(f"--plot: {path}: must end in .png")
-    if os.path.realpath(path) in seen:
+    if seen.setdefault(os.path.realpath(path), flag) != flag:
       p.error(f"{seen[os.path.realpath(path)]} and {flag} name the same file {path}")
-    seen[os.path.realpath(path)] = flag
-  try:
-    if args.plot and not args.child:
-      import matplotlib  # noqa: F401, PLC0415
-  except ImportError:
+  if args.plot and not args.child and importlib.util.find_spec("matplotlib") is None:
     p.error("--plot needs matplotlib (pip install matplotlib)")
   return args
 
@@ -526,18 +444,13 @@ def resolve_cases(args, platform: str) -> list[Case]:
 
 def select_devices(tp: int):
   """(the first `tp` devices, their platform): GPUs if any, else fake CPU devices."""
-  try:
+  with contextlib.suppress(RuntimeError):  # the backends are up already: use what they have
     jax.config.update("jax_num_cpu_devices", max(8, tp))
-  except RuntimeError:
-    pass  # the backends are up already (the request must come first): use what they have
   devices = jax.devices()
   if len(devices) < tp:
-    raise SystemExit(f"jax_distgemm.bench: --tp {tp} needs {tp} devices, jax.devices() has "
-                     f"{len(devices)}")
+    raise SystemExit(f"jax_distgemm.bench: --tp {tp} needs {tp} devices, there are {len(devices)}")
   return devices[:tp], devices[0].platform
 
-
-# -- Reports ------------------------------------------------------------------------------------
 
 def _fmt(v, spec: str) -> str:
   return "-" if v is None else format(v, spec)
@@ -549,19 +462,16 @@ TABLE_HEADER = (f"{'case':<26}" + "".join(f"{h:>10}" for h in (
 
 
 def table_lines(result: dict, notes: dict) -> str:
-  """A case: ms per call of every row (n/a[i]: footnote i says why), ours' numbers, and with
-  --local-gemm a second line for the stage GEMM."""
-  cells = []
+  """A case's ms per call of every row (n/a[i]: footnote i says why), and ours' numbers."""
+  cells = ""
   for name, row in result["rows"].items():
-    if "ms" in row:
-      cells.append(f"{row['ms']:>10.4f}")
-    else:
-      mark = notes.setdefault(f"{name}: {row['status']}: {row['reason']}", len(notes) + 1)
-      cells.append(f"{f'n/a[{mark}]':>10}")
+    why = f"{name}: {row['status']}: {row.get('reason')}"
+    cells += (f"{row['ms']:>10.4f}" if "ms" in row else
+              f"{f'n/a[{notes.setdefault(why, len(notes) + 1)}]':>10}")
   ours = result["rows"]["ffi"]
   rate = ours.get("tflops_per_device")  # one decimal on GPUs, three digits when tiny (CPU)
   rate = _fmt(rate, ".1f" if rate and rate >= 10 else ".3g")
-  line = (f"{result['label']:<26}{''.join(cells)}{rate:>9}"
+  line = (f"{result['label']:<26}{cells}{rate:>9}"
           f"{_fmt(result['efficiency'], '.2f'):>6}{_fmt(result['speedup'], '.2f'):>8}  "
           f"{result['best_baseline'] or '-':<16}{_fmt(ours.get('rel_err'), '.1e'):>8}  "
           f"{'ok' if result['passed'] else 'FAIL'}")
@@ -575,13 +485,10 @@ def table_lines(result: dict, notes: dict) -> str:
 
 def plot(results: list[dict], path: str, title: str) -> None:
   """Grouped bars: TFLOP/s per device of every row, per case; ffi's bars carry efficiency."""
-  import matplotlib  # noqa: PLC0415 - only for --plot
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-
+  from matplotlib.figure import Figure  # noqa: PLC0415 - only for --plot
   names = [n for n in ROWS if any("ms" in r["rows"][n] for r in results)]
   width, xs = 0.8 / max(len(names), 1), np.arange(len(results))
-  fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(results) + 3), 5))
+  ax = Figure(figsize=(max(8, 1.6 * len(results) + 3), 5), layout="tight").subplots()
   for j, name in enumerate(names):
     vals = [r["rows"][name].get("tflops_per_device") or 0.0 for r in results]
     bars = ax.bar(xs + (j - (len(names) - 1) / 2) * width, vals, width, label=name)
@@ -592,37 +499,36 @@ def plot(results: list[dict], path: str, title: str) -> None:
   ax.set_title(f"{title}  (on ffi: efficiency = ideal / ours)", fontsize=9)
   ax.legend(fontsize=7, ncol=min(6, len(names)))
   ax.grid(axis="y", alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120, format="png")
-  plt.close(fig)
+  ax.figure.savefig(path, dpi=120, format="png")
 
 
-def _write(path: str, write) -> str | None:
+def _write(path: str | None, write) -> str | None:
   try:
-    write(path)
+    if path is not None:
+      write(path)
   except (OSError, ValueError) as e:  # the path was checked up front; a disk can still fill up
     return f"cannot write {path}: {e}"
   return None
-
-
-def _write_json(path: str, payload: dict) -> None:
-  with open(path, "w") as f:
-    json.dump(payload, f, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parse_args(argv)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-  if args.child:
-    _child_main(args)
+  if args.child:  # the windowed-einsum child's side: one JSON line on stdout
+    devices, platform = select_devices(args.tp)
+    why = f"no GPU ({platform}): windowed einsum is an XLA:GPU rewrite"
+    out = {} if platform == "gpu" else {"": {"status": "skipped", "reason": why}}
+    for i, case in enumerate(resolve_cases(args, platform) if platform == "gpu" else ()):
+      out[case.label] = measure_case(case, i, devices, ("windowed_einsum",), args,
+                                     lambda msg: log(f"[child] {msg}"))["windowed_einsum"]
+    print(json.dumps(out))
     return 0
-  loaded = None
-  if args.tuning_file and os.path.exists(args.tuning_file) and not args.list:
-    try:
-      loaded = runtime.load_tuning(args.tuning_file)
-    except ValueError as e:
-      raise SystemExit(f"jax_distgemm.bench: --tuning-file: {e}") from None
+  try:
+    loaded = (jax_distgemm.runtime.load_tuning(args.tuning_file) if args.tuning_file
+              and not args.list and os.path.exists(args.tuning_file) else None)
+  except ValueError as e:
+    raise SystemExit(f"jax_distgemm.bench: --tuning-file: {e}") from None
   child = {} if args.list else run_windowed_child(argv, log)
   devices, platform = select_devices(args.tp)
   try:
@@ -634,8 +540,6 @@ def main(argv: list[str] | None = None) -> int:
   if args.list:
     print("\n".join(c.label for c in cases))
     return 0
-
-  eps = args.eps if args.eps is not None else DEFAULT_EPS[args.dtype]
   kind = devices[0].device_kind
   meta = {"argv": argv, "platform": platform, "devices": [str(d) for d in devices],
           "device_kind": kind, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
@@ -649,38 +553,35 @@ def main(argv: list[str] | None = None) -> int:
         "per call (median); TFLOP/s per device, eff (ideal/ours), speedup (best baseline/ours) "
         "and rel.err are ffi's\n" + TABLE_HEADER, flush=True)
   results, notes, t0 = [], {}, time.perf_counter()
+  names = ROWS[:-1] + (("local_xla", "local_ours") if args.local_gemm else ())
+  report = {"meta": meta, "cases": results}
+  save = lambda path: pathlib.Path(path).write_text(json.dumps(report, indent=1))  # noqa: E731
   for i, case in enumerate(cases):
-    rows = measure_case(case, i, devices, ROWS[:-1], args, lambda msg, i=i, c=case: log(
+    rows = measure_case(case, i, devices, names, args, lambda msg, i=i, c=case: log(
         f"[{i + 1}/{len(cases)} {time.perf_counter() - t0:6.1f}s] {c.label}: {msg}"))
     rows["windowed_einsum"] = child.get(case.label) or child.get("") or {
         "status": "error", "reason": "the windowed-einsum child did not time it"}
-    results.append(finalize(case, rows, eps, platform))
+    results.append(finalize(case, rows, args.eps, platform))
     print(table_lines(results[-1], notes), flush=True)
-    if args.json:  # after every case, so that a run cut short leaves its results
-      _write(args.json, lambda p: _write_json(p, {"meta": meta, "cases": results}))
+    _write(args.json, save)  # after every case, so that a run cut short leaves its results
     gc.collect()  # the case's arrays and executables: GiBs at the seed's shape
     jax.clear_caches()
   print("".join(f"  [{mark}] {why}\n" for why, mark in notes.items()), end="")
   errors = []
   if args.tuning_file:
     try:
-      saved = meta["tuning_saved"] = runtime.save_tuning(args.tuning_file)
+      saved = meta["tuning_saved"] = jax_distgemm.runtime.save_tuning(args.tuning_file)
       print(f"--tuning-file: saved {saved} choice(s) to {args.tuning_file}")
     except ValueError as e:
       errors.append(f"--tuning-file: {e}")
-  passed = all(r["passed"] for r in results)
-  if args.json:
-    errors.append(_write(args.json, lambda p: _write_json(
-        p, {"meta": meta, "cases": results, "complete": True, "passed": passed})))
-  if args.plot:
-    errors.append(_write(args.plot, lambda p: plot(
-        results, p, f"jax_distgemm TP={args.tp} {args.dtype} on {kind}")))
+  report.update(complete=True, passed=all(r["passed"] for r in results))
+  errors += [_write(args.json, save), _write(args.plot, lambda p: plot(
+      results, p, f"jax_distgemm TP={args.tp} {args.dtype} on {kind}"))]
   for e in filter(None, errors):
     log(f"jax_distgemm.bench: {e}")
-  for r in results:
-    if not r["passed"]:
-      print(f"FAIL {r['label']}: {'; '.join(r['failures'])}")
-  return 0 if passed and not any(errors) else 1
+  print("".join(f"FAIL {r['label']}: {'; '.join(r['failures'])}\n" for r in results
+                if not r["passed"]), end="")
+  return 0 if report["passed"] and not any(errors) else 1
 
 
 if __name__ == "__main__":
