@@ -33,7 +33,8 @@ NB_MODULE(_distgemm_cuda, m) {
   m.def("schedule_table", &jax_distgemm::ScheduleTableList);
   jax_distgemm::AddWorkspaceBindings(m);
   m.def("reset", &jax_distgemm::cuda::ResetAll,
-        "Drain all devices, zero flags and epochs, clear sticky errors. Returns '' or an error.");
+        "Drain all devices, move their epochs past any a late peer can write, clear the "
+        "sticky error. Returns '' or an error.");
   m.def("pending_error", &jax_distgemm::cuda::PendingErrors);
   m.def("describe_tuning", &jax_distgemm::cuda::DescribeTuning);
   m.def(

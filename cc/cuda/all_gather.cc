@@ -78,7 +78,7 @@ cudaError_t CopyIntoGathered(const Problem& p, int src, const void* shard, void*
 // even after a timeout), never on a peer's flag: a dead peer cannot hang the copy stream.
 template <class Sched>
 std::string CopyGathered(const Problem& p, int rank, DeviceState& me, const void* shard,
-                         void* gathered, int chunks, uint32_t epoch, const uint32_t* gate) {
+                         void* gathered, int chunks, Epoch epoch, const uint32_t* gate) {
   if (gate != nullptr) {
     if (cudaError_t e = StreamWaitValue32(me.copy_stream, gate, 1); e != cudaSuccess) {
       return CudaError("copy gate", e);
@@ -89,7 +89,7 @@ std::string CopyGathered(const Problem& p, int rank, DeviceState& me, const void
     return CudaError("copy own shard into gathered", e);
   }
   for (int i = 1; i < p.tp; ++i) {
-    cudaError_t e = StreamWaitValue32(me.copy_stream, me.flags + SeenMark(i, chunks - 1), epoch);
+    cudaError_t e = StreamWaitValue64(me.copy_stream, me.flags + SeenMark(i, chunks - 1), epoch);
     if (e == cudaSuccess) {
       e = CopyIntoGathered(p, Sched::Source(rank, i, p.tp), Slot(me, p, epoch, i - 1), gathered,
                            me.copy_stream);
@@ -101,7 +101,7 @@ std::string CopyGathered(const Problem& p, int rank, DeviceState& me, const void
 
 template <class Sched>
 std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                             const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+                             const CallOptions& o, cudaStream_t stream, Epoch epoch) {
   constexpr bool kRotA = Sched::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
@@ -145,7 +145,7 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
           }
         }
         if (e == cudaSuccess) {
-          e = StreamWriteValue32(me.copy_stream, target.flags + FlagIndex(i, c), epoch);
+          e = StreamWriteValue64(me.copy_stream, target.flags + FlagIndex(i, c), epoch);
         }
         if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
       }
@@ -235,7 +235,7 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
     if (!kernel_join) {
       e = cudaEventRecord(me.join, me.copy_stream);
     } else if (!o.skip_push_done) {  // (the fault hook skips the mark)
-      e = StreamWriteValue32(me.copy_stream, me.flags + kPushDoneFlag, epoch);
+      e = StreamWriteValue64(me.copy_stream, me.flags + kPushDoneFlag, epoch);
     }
     if (e != cudaSuccess) return CudaError("join copy stream", e);
   }
@@ -249,7 +249,7 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
 }  // namespace
 
 std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                             const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+                             const CallOptions& o, cudaStream_t stream, Epoch epoch) {
   return VisitSchedule(p.schedule, [&](auto sched) -> std::string {
     using S = decltype(sched);
     if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||

@@ -100,8 +100,8 @@ Key MakeKey(const GemmLaunch& g) {
 
 GemmLaunch TrialLaunch(GemmLaunch g) {
   g.sync = StageSync{};  // trial runs never wait or signal
-  for (const uint32_t*& flag : g.fused.wait_flag) flag = nullptr;
-  for (uint32_t*& flag : g.fused.seen_flag) flag = nullptr;
+  for (const Epoch*& flag : g.fused.wait_flag) flag = nullptr;
+  for (Epoch*& flag : g.fused.seen_flag) flag = nullptr;
   g.fused.exit_wait_flag = nullptr;
   g.pdl = false;
   return g;

@@ -17,7 +17,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCuda);
 // them done, so its own fused grid's join times out.
 void SetCudaFaultDevice(int ordinal, int kind = 0);
 void SetSyncCheck(bool on);            // synchronize after each call to report errors at once
-std::string ResetAll();                // drain, zero flags and epochs, clear sticky errors
+std::string ResetAll();                // PeerGroup::Reset of every group
 std::string PendingErrors();           // "" or the sticky error of any group
 // (ordinal, candidates, independent, note, group, rank) of every initialized local device of
 // every group: how its copy stream was chosen (copy_stream.h); group: the members' local

@@ -21,7 +21,7 @@ constexpr size_t kFusedTableBytes = kFusedTableEntries * sizeof(void*);
 constexpr size_t kCutlassWorkspaceBytes = PeerGroup::kGemmScratchBytes - 2 * kFusedTableBytes;
 }  // namespace
 
-void** FusedTable(const DeviceState& d, uint32_t epoch) {
+void** FusedTable(const DeviceState& d, Epoch epoch) {
   return reinterpret_cast<void**>(static_cast<uint8_t*>(d.gemm_scratch) +
                                   kCutlassWorkspaceBytes + (epoch & 1u) * kFusedTableBytes);
 }
@@ -98,7 +98,7 @@ std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
       return m.str();
     }
   }
-  const uint32_t epoch = ++group.dev(rank).epoch;
+  const Epoch epoch = ++group.dev(rank).epoch;
   if (options.poison_output) {
     // 0xFF bytes are NaN in bfloat16, float16 and float32 alike.
     const size_t bytes = static_cast<size_t>(p.OutElems()) * ElemSize(p.out_type);

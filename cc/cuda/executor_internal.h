@@ -26,19 +26,19 @@ namespace jax_distgemm::cuda::internal {
 // depends on this call's slot size: with shape-dependent offsets, call e (parity 0) of a larger
 // shape could overlap call e-1's parity-1 slots, which a slow peer may still read.  Every member
 // holds the same workspace size (same history), so both sides agree on the halves.
-inline uint8_t* ParityBase(DeviceState& d, uint32_t epoch) {
+inline uint8_t* ParityBase(DeviceState& d, Epoch epoch) {
   const size_t half = (d.workspace_bytes / 2) / kSlotAlign * kSlotAlign;
   return d.workspace + static_cast<size_t>(epoch & 1u) * half;
 }
-inline uint8_t* Slot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+inline uint8_t* Slot(DeviceState& d, const Problem& p, Epoch epoch, int index) {
   return ParityBase(d, epoch) + static_cast<size_t>(index) * SlotBytes(p);
 }
 
 // kGather: the slot that holds source `index + 1`'s operands (stage index + 1), and running sum j.
-inline uint8_t* GatherSlot(DeviceState& d, const Problem& p, uint32_t epoch, int index) {
+inline uint8_t* GatherSlot(DeviceState& d, const Problem& p, Epoch epoch, int index) {
   return ParityBase(d, epoch) + static_cast<size_t>(index) * GatherSlotBytes(p);
 }
-inline uint8_t* GatherSum(DeviceState& d, const Problem& p, uint32_t epoch, int j) {
+inline uint8_t* GatherSum(DeviceState& d, const Problem& p, Epoch epoch, int j) {
   return ParityBase(d, epoch) + (p.tp - 1) * GatherSlotBytes(p) + j * GatherSumBytes(p);
 }
 
@@ -75,7 +75,7 @@ inline void SetD(GemmOperands& o, const void* first, const MatrixView& v) {
 // The launch waits (StageSync) for stage `stage`, chunk `chunk` of call `epoch` to land in
 // this device's slots, on this device's flag row `flags` (me.flags, or RingFlags(me) for a
 // ReduceScatter ring); `peer` is the rank that delivers it (named if the wait times out).
-inline void SetWait(StageSync& s, const uint32_t* flags, int stage, int chunk, uint32_t epoch,
+inline void SetWait(StageSync& s, const Epoch* flags, int stage, int chunk, Epoch epoch,
              int peer) {
   s.wait_flag = flags + FlagIndex(stage, chunk);
   s.wait_epoch = epoch;
@@ -86,7 +86,7 @@ inline void SetWait(StageSync& s, const uint32_t* flags, int stage, int chunk, u
 // -- Launches -------------------------------------------------------------------------------------
 
 // The fused grid's pointer table of call `epoch` in this device's GEMM scratch (executor.cc).
-void** FusedTable(const DeviceState& d, uint32_t epoch);
+void** FusedTable(const DeviceState& d, Epoch epoch);
 
 // [begin, end) of chunk c of `extent` split in `chunks`, aligned to 128.
 void ChunkRange(int64_t extent, int chunks, int c, int64_t* begin, int64_t* end);
@@ -109,9 +109,9 @@ std::string CudaFailure(const char* what);
 // Enqueue call `epoch` of an AllGather (all_gather.cc) or ReduceScatter (reduce_scatter.cc)
 // problem on `stream` and this device's copy stream.
 std::string EnqueueAllGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                             const CallOptions& o, cudaStream_t stream, uint32_t epoch);
+                             const CallOptions& o, cudaStream_t stream, Epoch epoch);
 std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o, cudaStream_t stream,
-                                 uint32_t epoch);
+                                 Epoch epoch);
 
 }  // namespace jax_distgemm::cuda::internal

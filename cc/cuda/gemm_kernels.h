@@ -60,17 +60,17 @@ struct FusedStages {
   const void* b[kMaxFusedStages] = {};
   const void* c[kMaxFusedStages] = {};  // all nullptr or none (GemmOperands::c says which)
   void* d[kMaxFusedStages] = {};
-  const uint32_t* wait_flag[kMaxFusedStages] = {};
+  const Epoch* wait_flag[kMaxFusedStages] = {};
   int32_t peer[kMaxFusedStages] = {};  // rank that signals wait_flag[s]
   // With a gathered result: a producer warp that has waited for wait_flag[s] + c (arrived or
   // timed out, or skipped after an earlier timeout) stores the epoch to seen_flag[s] + c
   // (peer_state.h SeenMark); nullptr: no marks.
-  uint32_t* seen_flag[kMaxFusedStages] = {};
+  Epoch* seen_flag[kMaxFusedStages] = {};
   void** table = nullptr;  // kFusedTableEntries entries
   // CTA 0 waits, before it exits, for *exit_wait_flag >= wait_epoch (this device's copy engine
   // has finished pushing the shard the grid's caller may reuse), so that the main stream needs
   // no event join on the copy stream (all_gather.cc); nullptr: no wait.
-  const uint32_t* exit_wait_flag = nullptr;
+  const Epoch* exit_wait_flag = nullptr;
   // The rotating shard arrives in `shard_chunks` chunks (flags wait_flag[s] + c) of
   // `shard_chunk_size` rows of A (shard_dim 0, RotatingA) or columns of B (1, RotatingB), the
   // last one up to `shard_extent`; a tile waits only for the chunk it reads.  1: one flag.

@@ -143,7 +143,7 @@ std::string PeerGroup::EnsureReadyCrossProcess(int rank, size_t bytes, bool need
       void* ptr = nullptr;
       cudaError_t e = cudaIpcOpenMemHandle(&ptr, p.flags, cudaIpcMemLazyEnablePeerAccess);
       if (e != cudaSuccess) return MapFailure(peer, p, "flags", e);
-      peer.flags = static_cast<uint32_t*>(ptr);
+      peer.flags = static_cast<Epoch*>(ptr);
     }
     if (peer.workspace == nullptr || peer.ipc_generation != p.workspace_generation) {
       if (peer.workspace != nullptr) {

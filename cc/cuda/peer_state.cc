@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <sstream>
@@ -71,8 +72,8 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
   JDG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&d.stage_done, cudaEventDisableTiming));
-  JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kFlagWords * sizeof(uint32_t)));
-  JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kFlagWords * sizeof(uint32_t)));
+  JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.flags, kFlagWords * sizeof(Epoch)));
+  JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kFlagWords * sizeof(Epoch)));
   JDG_RETURN_IF_CUDA_ERROR(cudaMalloc(&d.gemm_scratch, kGemmScratchBytes));
   JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
@@ -158,13 +159,22 @@ std::string PeerGroup::PendingError() const {
 }
 
 std::string PeerGroup::Reset() {
+  // Every local device drained first: no grid or copy of ours runs anywhere in this process
+  // while the counters change.
+  Epoch top = 0;
   for (DeviceState& d : devs_) {
     if (d.ordinal < 0 || d.flags == nullptr) continue;  // other processes reset their own
     JDG_RETURN_IF_CUDA_ERROR(cudaSetDevice(d.ordinal));
     JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
-    JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.flags, 0, kFlagWords * sizeof(uint32_t)));
-    JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
-    d.epoch = 0;
+    top = std::max(top, d.epoch);
+  }
+  // Flags are not zeroed: a late peer (another process still finishing an old call) could land
+  // an old epoch in a zeroed word.  Calls continue from the next multiple of 2^32 instead, which
+  // every process computes alike (their counters differ by the calls in flight at most), and
+  // no old epoch reaches it.
+  const Epoch base = ((top >> 32) + 1) << 32;
+  for (DeviceState& d : devs_) {
+    if (d.ordinal >= 0 && d.flags != nullptr) d.epoch = base;
   }
   if (error_ != nullptr) *error_ = ErrorRecord{};
   return "";
@@ -200,22 +210,25 @@ std::vector<PeerGroup*> AllPeerGroups() {
 
 namespace {
 
-// cuStreamWriteValue32 and cuStreamWaitValue32 share this signature.  Both come through the
-// driver entry point (no link-time dependency on libcuda); nullptr where the driver lacks one.
-using StreamValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+// The driver's stream memory operations, through its entry point (no link-time dependency on
+// libcuda); nullptr where the driver lacks one.  Write and wait of one width share a signature.
+template <class Word>
+using StreamValueFn = CUresult (*)(CUstream, CUdeviceptr, Word, unsigned int);
 
-StreamValue32Fn DriverStreamValue32(const char* name) {
+template <class Word>
+StreamValueFn<Word> DriverStreamValue(const char* name) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q;
   if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
       q != cudaDriverEntryPointSuccess) {
     return nullptr;
   }
-  return reinterpret_cast<StreamValue32Fn>(p);
+  return reinterpret_cast<StreamValueFn<Word>>(p);
 }
 
-cudaError_t CallStreamValue32(StreamValue32Fn fn, cudaStream_t stream, const uint32_t* address,
-                              uint32_t value, unsigned int flags) {
+template <class Word>
+cudaError_t CallStreamValue(StreamValueFn<Word> fn, cudaStream_t stream, const void* address,
+                            Word value, unsigned int flags) {
   if (fn == nullptr) return cudaErrorNotSupported;
   CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
                   value, flags);
@@ -224,15 +237,26 @@ cudaError_t CallStreamValue32(StreamValue32Fn fn, cudaStream_t stream, const uin
 
 }  // namespace
 
+// Default write flags: a system-scope fence orders prior work on the stream before the write.
+// GEQ waits compare cyclically in the word's width: 64-bit epochs never get near a wrap.
+cudaError_t StreamWriteValue64(cudaStream_t stream, Epoch* address, Epoch value) {
+  static const auto fn = DriverStreamValue<cuuint64_t>("cuStreamWriteValue64");
+  return CallStreamValue<cuuint64_t>(fn, stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+}
+
+cudaError_t StreamWaitValue64(cudaStream_t stream, const Epoch* address, Epoch value) {
+  static const auto fn = DriverStreamValue<cuuint64_t>("cuStreamWaitValue64");
+  return CallStreamValue<cuuint64_t>(fn, stream, address, value, CU_STREAM_WAIT_VALUE_GEQ);
+}
+
 cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t value) {
-  static const StreamValue32Fn fn = DriverStreamValue32("cuStreamWriteValue32");
-  // Default flags: a system-scope fence orders prior work on the stream before the write.
-  return CallStreamValue32(fn, stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  static const auto fn = DriverStreamValue<cuuint32_t>("cuStreamWriteValue32");
+  return CallStreamValue<cuuint32_t>(fn, stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
 }
 
 cudaError_t StreamWaitValue32(cudaStream_t stream, const uint32_t* address, uint32_t value) {
-  static const StreamValue32Fn fn = DriverStreamValue32("cuStreamWaitValue32");
-  return CallStreamValue32(fn, stream, address, value, CU_STREAM_WAIT_VALUE_GEQ);
+  static const auto fn = DriverStreamValue<cuuint32_t>("cuStreamWaitValue32");
+  return CallStreamValue<cuuint32_t>(fn, stream, address, value, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
 }  // namespace jax_distgemm::cuda

@@ -10,11 +10,12 @@
 //   workspace  cudaMalloc'd outside XLA's pool, same size on every device, grown (never shrunk)
 //              when a larger problem arrives.  Peers write into it (AllGather pushes, the
 //              ReduceScatter running sums), so its pointer is published to the group.
-//   flags      kMaxTp x kMaxChunks uint32 epochs, written by peers: flags[FlagIndex(i, c)] >= e
+//   flags      kMaxTp x kMaxChunks 64-bit epochs, written by peers: flags[FlagIndex(i, c)] >= e
 //              means "chunk c of the data stage i of call e consumes has landed"; then as
 //              many words of this device's own marks (SeenMark); then the same again for the
 //              ReduceScatter rings' running sums (RingFlags), so that each word has one writer.
-//   epoch      calls issued on this device (host counter; the same sequence on every device).
+//   epoch      calls issued on this device (host counter; the same sequence on every device;
+//              64-bit, never wrapping; reset() moves it on, never back).
 //
 // Slots are double-buffered by call parity.  NOTE: why no trailing barrier is needed: a device
 // starts call e only after finishing call e-1, which consumed data every peer produced in call
@@ -73,9 +74,9 @@ struct DeviceState {
   cudaEvent_t stage_done = nullptr;  // copy ring: the chunk to send is ready
   uint8_t* workspace = nullptr;
   size_t workspace_bytes = 0;
-  uint32_t* flags = nullptr;
+  Epoch* flags = nullptr;
   void* gemm_scratch = nullptr;
-  uint32_t epoch = 0;
+  Epoch epoch = 0;
   int last_rs_path = 0;  // the RsPath (workspace.h) of this device's last ReduceScatter call
   // Members in other processes: what this process mapped of theirs (cudaIpcOpenMemHandle),
   // and which allocation of the owner that was (its generation), to re-map after it grew.
@@ -83,7 +84,7 @@ struct DeviceState {
 };
 
 // The ReduceScatter rings' data flags of `d` (written by its left neighbour only; see above).
-inline uint32_t* RingFlags(const DeviceState& d) { return d.flags + kRingFlagsOffset; }
+inline Epoch* RingFlags(const DeviceState& d) { return d.flags + kRingFlagsOffset; }
 
 class PeerGroup {
  public:
@@ -109,8 +110,9 @@ class PeerGroup {
 
   // Host view of a sticky error left by a timed-out wait ("" if none).
   std::string PendingError() const;
-  // Drains this process's devices, zeroes their flags and epochs, clears the error.  No call
-  // may be in flight (across processes: every process must reset, with no call in flight).
+  // Drains this process's devices, moves their epochs past any a late peer can still write
+  // (peer_state.cc) and clears the error.  No call of this process may be in flight; across
+  // processes every process must reset.
   std::string Reset();
 
   static constexpr size_t kGemmScratchBytes = 4u << 20;
@@ -141,11 +143,14 @@ PeerGroup* GetPeerGroup(const std::vector<int64_t>& ids, const std::vector<int>&
 // Every group created so far (for reset()).
 std::vector<PeerGroup*> AllPeerGroups();
 
-// cuStreamWriteValue32 through the driver entry point (no link-time dependency on libcuda).
+// cuStreamWriteValue64 / 32 through the driver entry point (no link-time dependency on
+// libcuda); the default flags fence the stream's earlier work before the write.
+cudaError_t StreamWriteValue64(cudaStream_t stream, Epoch* address, Epoch value);
 cudaError_t StreamWriteValue32(cudaStream_t stream, uint32_t* address, uint32_t value);
-// cuStreamWaitValue32(GEQ, cyclic): later work on `stream` waits until *address >= value.
+// cuStreamWaitValue64 / 32 (GEQ): later work on `stream` waits until *address >= value.
 // NOTE: a blocked wait can hold up other streams that share its hardware queue: enqueue it only
 // after the work that will satisfy it has been enqueued.
+cudaError_t StreamWaitValue64(cudaStream_t stream, const Epoch* address, Epoch value);
 cudaError_t StreamWaitValue32(cudaStream_t stream, const uint32_t* address, uint32_t value);
 
 }  // namespace jax_distgemm::cuda

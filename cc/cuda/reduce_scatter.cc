@@ -78,7 +78,7 @@ struct CopyRingChunk {
   uint8_t* send = nullptr;
   const uint8_t* recv_rows = nullptr;
 };
-CopyRingChunk CopyRingChunkAt(const Problem& p, DeviceState& me, uint32_t epoch, int i, int c,
+CopyRingChunk CopyRingChunkAt(const Problem& p, DeviceState& me, Epoch epoch, int i, int c,
                               int chunks) {
   CopyRingChunk k;
   ChunkRange(p.sm(), chunks, c, &k.lo, &k.hi);
@@ -109,11 +109,11 @@ void SetCopyRingChunkOperands(GemmOperands& o, const Problem& p, const CallBuffe
 // kCopyRing: after my stage i's GEMM of chunk c (stream order on `copy`), push its rows from my
 // send slot into `next`'s receive slot i+1 and set its flag(i+1, c).
 cudaError_t PushCopyRingChunk(const Problem& p, DeviceState& me, DeviceState& next,
-                              uint32_t epoch, int i, int c, const CopyRingChunk& k) {
+                              Epoch epoch, int i, int c, const CopyRingChunk& k) {
   cudaError_t e = CopyPartialRows(p, Slot(next, p, epoch, RsRecvSlot(p, i + 1)), k.send, k.lo,
                                   k.hi, me.copy_stream);
   if (e == cudaSuccess) {
-    e = StreamWriteValue32(me.copy_stream, RingFlags(next) + FlagIndex(i + 1, c), epoch);
+    e = StreamWriteValue64(me.copy_stream, RingFlags(next) + FlagIndex(i + 1, c), epoch);
   }
   return e;
 }
@@ -135,7 +135,7 @@ cudaError_t PushCopyRingChunk(const Problem& p, DeviceState& me, DeviceState& ne
 // write follows the same chunk's call e copy on the same copy stream.
 template <class Sched>
 std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                              const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+                              const CallOptions& o, cudaStream_t stream, Epoch epoch) {
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
@@ -197,7 +197,7 @@ void SetRsStageOperands(GemmOperands& o, const Problem& p, const CallBuffers& b,
 // the neighbour's stage i launch sets once its stage i-1 is done.
 template <class Sched>
 std::string EnqueueRsRemoteC(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                             const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+                             const CallOptions& o, cudaStream_t stream, Epoch epoch) {
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
   DeviceState& next = group.dev(Sched::PushTarget(rank, 0, tp));
@@ -239,7 +239,7 @@ using RsGatherIndex = ReduceScatter1D_TilingA_Gather;
 
 template <class Sched>
 std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const CallBuffers& b,
-                            const CallOptions& o, cudaStream_t stream, uint32_t epoch) {
+                            const CallOptions& o, cudaStream_t stream, Epoch epoch) {
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
   const size_t isz = ElemSize(p.in_type);
@@ -264,7 +264,7 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
       e = cudaMemcpyAsync(dst + w_at, b.w, w_bytes, cudaMemcpyDeviceToDevice, me.copy_stream);
     }
     if (e == cudaSuccess) {
-      e = StreamWriteValue32(me.copy_stream, target.flags + FlagIndex(i, 0), epoch);
+      e = StreamWriteValue64(me.copy_stream, target.flags + FlagIndex(i, 0), epoch);
     }
     if (e != cudaSuccess) return std::string("push to peer: ") + cudaGetErrorString(e);
   }
@@ -309,7 +309,7 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
 template <class Sched>
 std::string EnqueueReduceScatterOf(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o,
-                                 cudaStream_t stream, uint32_t epoch) {
+                                 cudaStream_t stream, Epoch epoch) {
   const RsPath path = ChooseRsPath(p, o.rs_path);
   group.dev(rank).last_rs_path = path;
   if (path == kRsGather) return EnqueueRsGather<Sched>(p, rank, group, b, o, stream, epoch);
@@ -321,7 +321,7 @@ std::string EnqueueReduceScatterOf(const Problem& p, int rank, PeerGroup& group,
 
 std::string EnqueueReduceScatter(const Problem& p, int rank, PeerGroup& group,
                                  const CallBuffers& b, const CallOptions& o, cudaStream_t stream,
-                                 uint32_t epoch) {
+                                 Epoch epoch) {
   return VisitSchedule(p.schedule, [&](auto sched) -> std::string {
     using S = decltype(sched);
     if constexpr (S::kKind == ScheduleKind::kReduceScatter1D_TilingA_RotatingC ||

@@ -56,15 +56,15 @@ struct PtrArraySchedules<cutlass::gemm::KernelTmaWarpSpecializedPingpong> {
 // -- Per-stage flag waits, in the producer warp ---------------------------------------------------
 
 struct StageWaits {
-  const uint32_t* flag[kMaxFusedStages] = {};  // nullptr: no wait
-  uint32_t* seen[kMaxFusedStages] = {};  // FusedStages::seen_flag
+  const Epoch* flag[kMaxFusedStages] = {};  // nullptr: no wait
+  Epoch* seen[kMaxFusedStages] = {};  // FusedStages::seen_flag
   int32_t peer[kMaxFusedStages] = {};
   // AllGather with a chunked shard (FusedStages::shard_chunks > 1): a tile of batch s > 0
   // waits for flag[s] + c, c = the shard chunk that holds the tile's last row (dim 0) or
   // column (dim 1); chunks travel in order on one copy stream, so that covers the ones before.
   int32_t shard_chunks = 1, shard_dim = 0;
   int64_t shard_chunk_size = 0, shard_extent = 0;
-  uint32_t epoch = 0;
+  Epoch epoch = 0;
   uint64_t timeout_ns = 0;
   ErrorRecord* error = nullptr;
   int32_t rank = 0;
@@ -88,7 +88,7 @@ static __device__ __noinline__ bool WaitForStage(const StageWaits& w, int32_t st
 // grid's stage waits to end (the seen marks), and CTA 0 can reach the join before another CTA
 // even starts a wait for a dead peer: with one timeout the join would time out first, and the
 // error would blame this device's own copy engine instead of the peer.
-static __device__ __noinline__ void WaitForOwnPushes(const uint32_t* flag, const StageWaits& w) {
+static __device__ __noinline__ void WaitForOwnPushes(const Epoch* flag, const StageWaits& w) {
   WaitFlagUntil(flag, w.epoch, 2 * w.timeout_ns, w.error, w.rank, kPushDoneStage, w.rank);
 }
 
@@ -242,7 +242,7 @@ struct FusedStageKernel : GemmKernel_ {
     typename Base::Params base;
     FusedPointers pointers;
     void** table;
-    const uint32_t* exit_flag;  // FusedStages::exit_wait_flag
+    const Epoch* exit_flag;  // FusedStages::exit_wait_flag
   };
 
   static dim3 get_grid_shape(Params const& params) { return Base::get_grid_shape(params.base); }

@@ -14,14 +14,14 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   return t;
 }
 
-__device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ Epoch LoadAcquireSys(const Epoch* p) {
+  Epoch v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
-__device__ __forceinline__ void StoreReleaseSys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void StoreReleaseSys(Epoch* p, Epoch v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // Programmatic dependent launch (PTX griddepcontrol; sm_90+).  The build leaves CUTLASS's own
@@ -40,12 +40,12 @@ __device__ __forceinline__ void LaunchNextGrid() {
 
 // Spins until *flag reaches `epoch` or `timeout_ns` passes.  Returns true on arrival; on
 // timeout the first waiter of the group fills the ErrorRecord (rank, stage, peer name it).
-__device__ __forceinline__ bool WaitFlagUntil(const uint32_t* flag, uint32_t epoch,
+__device__ __forceinline__ bool WaitFlagUntil(const Epoch* flag, Epoch epoch,
                                               uint64_t timeout_ns, ErrorRecord* error,
                                               int32_t rank, int32_t stage, int32_t peer) {
   const uint64_t start = GlobalTimerNs();
-  uint32_t v = LoadAcquireSys(flag);
-  while (static_cast<int32_t>(v - epoch) < 0) {
+  Epoch v = LoadAcquireSys(flag);
+  while (v < epoch) {
     if (GlobalTimerNs() - start > timeout_ns) {
       if (error != nullptr && atomicCAS_system(&error->code, 0u, 1u) == 0u) {
         error->rank = rank;

@@ -13,9 +13,10 @@ from jax_distgemm import ffi as ffi_modules
 def reset() -> None:
   """Recovers the CUDA executor after a timed-out peer wait.
 
-  Drains every GPU the executor used, zeroes its flags and call epochs and clears the sticky
-  error, so the next call starts clean.  Call it when no distgemm call is in flight (after
-  the failing call's exception, once outstanding results were blocked on or dropped).  On a
+  Drains every GPU the executor used, moves the call epochs past any a late peer could still
+  deliver and clears the sticky error, so the next call starts clean.  Call it when no
+  distgemm call is in flight (after the failing call's exception, once outstanding results
+  were blocked on or dropped), in every process of a group that spans processes.  On a
   process without the CUDA executor it does nothing (the CPU executor needs no recovery: each
   call meets its peers afresh).
   """

@@ -826,15 +826,17 @@ int main(int argc, char** argv) {
       }
       if (g_seq_group != nullptr && g_seq_group->error() != nullptr) {
         const volatile jc::ErrorRecord* e = g_seq_group->error();
-        std::printf("  error record: code %u rank %d stage %d peer %d expected %u observed %u\n",
-                    e->code, e->rank, e->stage, e->peer, e->expected, e->observed);
+        std::printf("  error record: code %u rank %d stage %d peer %d expected %llu observed %llu\n",
+                    e->code, e->rank, e->stage, e->peer,
+                    static_cast<unsigned long long>(e->expected),
+                    static_cast<unsigned long long>(e->observed));
       }
       std::fflush(stdout);
       // Does the driver answer?  A query on a fresh thread, given 2 s; then every rank's flag
       // words that are nonzero (a copy on a fresh stream, given 2 s more).
       static std::atomic<int> answered{0};
       static std::atomic<int> copied{0};
-      static std::vector<uint32_t> words;
+      static std::vector<jc::Epoch> words;
       jc::PeerGroup* group = g_seq_group;
       std::thread([group, tp] {
         cudaStream_t s;
@@ -846,14 +848,14 @@ int main(int argc, char** argv) {
         answered = 1;
         if (group == nullptr) return;
         words.assign(size_t(tp) * jc::kFlagWords, 0u);
-        uint32_t* host = nullptr;
-        if (cudaMallocHost(&host, words.size() * 4) != cudaSuccess) return;
+        jc::Epoch* host = nullptr;
+        if (cudaMallocHost(&host, words.size() * sizeof(jc::Epoch)) != cudaSuccess) return;
         for (int r = 0; r < tp; ++r) {
           cudaMemcpyAsync(host + size_t(r) * jc::kFlagWords, group->dev(r).flags,
-                          jc::kFlagWords * 4, cudaMemcpyDeviceToHost, s);
+                          jc::kFlagWords * sizeof(jc::Epoch), cudaMemcpyDeviceToHost, s);
         }
         if (cudaStreamSynchronize(s) == cudaSuccess) {
-          std::memcpy(words.data(), host, words.size() * 4);
+          std::memcpy(words.data(), host, words.size() * sizeof(jc::Epoch));
           copied = 1;
         }
       }).detach();
@@ -865,13 +867,14 @@ int main(int argc, char** argv) {
                                                       : "no answer in 4 s (a host lock is held)");
       if (copied == 1) {
         for (int r = 0; r < tp; ++r) {
-          std::printf("  rank %d flags (host epoch %u):", r, g_seq_group->dev(r).epoch);
+          std::printf("  rank %d flags (host epoch %llu):", r,
+                      static_cast<unsigned long long>(g_seq_group->dev(r).epoch));
           for (int w = 0; w < jc::kFlagWords; ++w) {
-            const uint32_t v = words[size_t(r) * jc::kFlagWords + w];
+            const jc::Epoch v = words[size_t(r) * jc::kFlagWords + w];
             if (v == 0) continue;
             const int row = w / jc::kNumFlags, f = w % jc::kNumFlags;
-            std::printf(" %s(%d,%d)=%u", row == 0 ? "data" : row == 1 ? "seen" : "ring",
-                        f / jc::kMaxChunks, f % jc::kMaxChunks, v);
+            std::printf(" %s(%d,%d)=%llu", row == 0 ? "data" : row == 1 ? "seen" : "ring",
+                        f / jc::kMaxChunks, f % jc::kMaxChunks, static_cast<unsigned long long>(v));
           }
           std::printf("\n");
         }
