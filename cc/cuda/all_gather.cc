@@ -154,7 +154,11 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
   // How the main stream learns that the copy stream's work (the pushes, which read the
   // caller's shard, and any gathered copies) is done: the fused grid waits for kPushDoneFlag
   // before it completes, or an event join at the end (both enqueued below, after the GEMMs).
-  const bool kernel_join = fused;
+  // NOTE: with a gathered result always the event.  The grid's wait is bounded, and a call that
+  // returned with copies into the caller's buffer still queued would write into memory XLA may
+  // already have reused; the event always completes, since the copy stream waits only for this
+  // device's own marks, which its grid sets even after a timeout.
+  const bool kernel_join = fused && !gather_out;
 
   if (fused) {
     // All stages in one grid: stage i is batch i of a ptr-array GEMM and waits for its flag in
