@@ -141,20 +141,22 @@ std::string PeerGroup::PendingError() const {
   std::ostringstream m;
   const int64_t device =
       r->rank >= 0 && r->rank < static_cast<int>(ids_.size()) ? ids_[r->rank] : -1;
+  // NOTE: after a timeout the slots' ordering argument no longer holds (a device that gave up
+  // runs ahead of a slow peer), so every call then in flight on the group is suspect too.
+  constexpr const char* kInvalid =
+      "the outputs of that call, and of every call in flight on the group's devices since, are "
+      "invalid. Call jax_distgemm.runtime.reset() once no call is in flight to recover.";
   if (r->stage == kPushDoneStage) {
     m << "a wait timed out on GPU: rank " << r->rank << " (device " << device
       << ") waited for its own copy engine to finish pushing call epoch " << r->expected
-      << " to its peers (flag still " << r->observed
-      << "); the outputs of that call are invalid. Call jax_distgemm.reset() once no call is "
-         "in flight to recover.";
+      << " to its peers (flag still " << r->observed << "); " << kInvalid;
     return m.str();
   }
   m << "a wait on a peer timed out on GPU: rank " << r->rank << " (device " << device
     << ") at stage " << r->stage << " waited for rank " << r->peer << " to deliver call epoch "
     << r->expected << " (flag still " << r->observed
-    << "). Every device of the TP group must run the same sequence of distgemm calls; the "
-       "outputs of that call are invalid. Call jax_distgemm.reset() once no call is in flight "
-       "to recover.";
+    << "). Every device of the TP group must run the same sequence of distgemm calls; "
+    << kInvalid;
   return m.str();
 }
 
