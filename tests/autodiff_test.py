@@ -84,9 +84,8 @@ class AutodiffTest(parameterized.TestCase):
     err = test_util.rel_err(got, np.asarray(want, np.float64))
     self.assertLess(err, tol, f"{what}: relative error {err:.2e}")
 
-  # Every implementation's custom VJP, None (auto) included, against JAX's own gradient.
-  @parameterized.product(schedule=tuple(Schedule),
-                         implementation=("ffi", "xla", "reference", None),
+  # Every implementation's custom VJP against JAX's own gradient (None is "ffi" on CPU).
+  @parameterized.product(schedule=tuple(Schedule), implementation=("ffi", "xla", "reference"),
                          batch=tuple(BATCHES))
   def test_grad_matches_reference(self, schedule, implementation, batch):
     (x, w, _), specs = _sharded(self.mesh, schedule, BATCHES[batch], batch == "batched_w")
@@ -101,8 +100,7 @@ class AutodiffTest(parameterized.TestCase):
       self.assertTrue(dx.sharding.is_equivalent_to(x.sharding, x.ndim), dx.sharding)
       self.assertTrue(dw.sharding.is_equivalent_to(w.sharding, w.ndim), dw.sharding)
 
-  @parameterized.product(schedule=tuple(Schedule),
-                         implementation=("ffi", "xla", "reference", None))
+  @parameterized.product(schedule=tuple(Schedule), implementation=("ffi", "xla"))
   def test_epilogue_grads(self, schedule, implementation):
     """alpha scales dx and dw; dc = beta * d out (in c's dtype)."""
     (x, w, c), specs = _sharded(self.mesh, schedule, (2,), False, with_c=True)
@@ -182,7 +180,7 @@ class AutodiffTest(parameterized.TestCase):
       for g, r in zip(got, want):
         self.assertClose(g, r, what=schedule.name)
 
-  @parameterized.product(implementation=("ffi", "xla", None), remat=(False, True))
+  @parameterized.product(implementation=("ffi", "xla"), remat=(False, True))
   def test_scan_over_layers(self, implementation, remat):
     """A sequence-parallel MLP block stacked with lax.scan (optionally jax.checkpoint'ed), as
     models stack layers: value and gradients equal JAX's own through the reference."""
@@ -242,8 +240,7 @@ class GatheredOperandGradTest(parameterized.TestCase):
     super().setUpClass()
     cls.mesh = test_util.mesh_1d(TP)
 
-  @parameterized.product(schedule=(AG_A, AG_B),
-                         implementation=("ffi", "xla", "reference", None),
+  @parameterized.product(schedule=(AG_A, AG_B), implementation=("ffi", "xla", "reference"),
                          batch=tuple(BATCHES))
   def test_grad_matches_reference(self, schedule, implementation, batch):
     w_batched = batch == "batched_w"
