@@ -352,8 +352,8 @@ class SourcesTest(absltest.TestCase):
       self.skipTest("no cc/ next to tests/ (installed tests only)")
     moved, missing = [], []
     for step, (path, func) in sorted(pm.MODEL_SOURCES.items()):
-      # "PeerGroup::Reset" is defined as written; other names are searched as words.
-      pattern = re.compile(re.escape(func) if "::" in func else r"\b" + re.escape(func) + r"\b")
+      # A name, or the start of one ("StreamWriteValue" for ...32 and ...64).
+      pattern = re.compile(r"\b" + re.escape(func))
       full = os.path.join(REPO, path)
       if os.path.exists(full):
         with open(full, encoding="utf-8", errors="replace") as fh:
