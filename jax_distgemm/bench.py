@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_distgemm
 from jax_distgemm import ffi as ffi_modules
@@ -275,7 +275,8 @@ def measure_case(case: Case, index: int, devices, names, args, log) -> dict:
       if t:
         rows[name], timed[name] = {"status": "ok"}, t
 
-  mesh, single = Mesh(np.array(devices), ("tp",)), (SingleDeviceSharding(devices[0]),) * 3
+  mesh, one = Mesh(np.array(devices), ("tp",)), Mesh(np.array(devices[:1]), ("tp",))
+  single = (NamedSharding(one, PartitionSpec()),) * 3
   on_mesh = [NamedSharding(mesh, s) for s in case.specs()]
   add(0, case, "global", on_mesh, {
       **{n: functools.partial(_distributed_fn, case, mesh, i) for n, i in IMPLEMENTATIONS.items()},
@@ -286,7 +287,7 @@ def measure_case(case: Case, index: int, devices, names, args, log) -> dict:
   stage = dataclasses.replace(case, alpha=1.0, beta=0.0)
   add(2, stage, "stage", single, {"local_xla": lambda: _dot_fn(stage), "local_ours": lambda: (
       _distributed_fn(dataclasses.replace(stage, schedule=AG_A),
-                      Mesh(np.array(devices[:1]), ("tp",)), "ffi"))})
+                      one, "ffi"))})
   hlo = {n: timed[n].call.as_text() for n in ("auto", "windowed_einsum") if n in timed}
   if "auto" in hlo:  # which implementation auto chose, from the compiled program
     rows["auto"]["resolved"] = ("ffi" if 'custom_call_target="jax_distgemm' in hlo["auto"] else
