@@ -321,5 +321,24 @@ class BackwardHloTest(parameterized.TestCase):
       self.assertEqual(autodiff.OP_SETS[op.backward].backward, s)  # the pairing is symmetric
 
 
+class GradUnderVmapTest(absltest.TestCase):
+
+  def test_vmap_of_grad_runs_the_ring(self):
+    # jax.vmap(jax.grad(f)): the vmap's tracer sits under the JVP's, and must still be seen
+    # (else None picked the fused call, which has no rule outside a mesh).
+    x = jax.random.normal(jax.random.key(1), (2, 64, 128), jnp.float32)
+    w = jax.random.normal(jax.random.key(2), (2, 128, 256), jnp.float32)
+    probe = jax.random.normal(jax.random.key(3), (2, 128, 256), jnp.float32)
+
+    def grads(op):
+      return jax.vmap(jax.grad(lambda x, w, p: jnp.sum(op(x, w) * p), (0, 1)),
+                      axis_name="v")(x, w, probe)
+
+    got = grads(lambda x, w: jax_distgemm.all_gather_matmul(x, w, axis_name="v"))
+    want = grads(lambda x, w: jax.lax.all_gather(x, "v", axis=0, tiled=True) @ w)
+    for a, b in zip(got, want):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-4)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -77,11 +77,12 @@ def vmap_bound_axes(axis_name: tuple[str, ...], *operands) -> tuple[str, ...]:
   manual = set(manual_axes())
   names = set()
   for a in operands:
+    a = strip_autodiff(a)  # jax.vmap(jax.grad(...)): the vmap's tracer is under the JVP's
     while isinstance(a, jax.core.Tracer) and hasattr(a, "batch_dim"):  # nested vmaps
       name = getattr(getattr(getattr(a, "_trace", None), "axis_data", None), "name", None)
       if name is not None:
         names.add(name)
-      a = getattr(a, "val", None)
+      a = strip_autodiff(getattr(a, "val", None))
   return tuple(n for n in axis_name if n in names and n not in manual)
 
 
