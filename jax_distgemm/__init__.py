@@ -10,6 +10,8 @@ from jax_distgemm._src.api import all_gather_matmul as all_gather_matmul
 from jax_distgemm._src.api import distributed_matmul as distributed_matmul
 from jax_distgemm._src.api import matmul_reduce_scatter as matmul_reduce_scatter
 from jax_distgemm._src.collective import collective_matmul as collective_matmul
+from jax_distgemm._src.fp8 import dequantize as dequantize
+from jax_distgemm._src.fp8 import quantize as quantize
 from jax_distgemm._src.multiprocess import initialize_multiprocess as initialize_multiprocess
 from jax_distgemm._src.schedules import Schedule as Schedule
 

@@ -344,6 +344,65 @@ class ValidationTest(absltest.TestCase):
 
   # -- names -------------------------------------------------------------------------------------
 
+  # -- fp8 ---------------------------------------------------------------------------------------
+
+  def test_fp8_with_a_bf16_operand(self):
+    body = dm(AG_A, x_scale=jnp.float32(1), w_scale=jnp.float32(1))
+    with self.assertRaisesMsg(TypeError, "w: with fp8 operands or scales both x and w must be "
+                              "float8_e4m3fn or float8_e5m2"):
+      trace(body, AG_A, (128, 256), (256, 512), jnp.float8_e4m3fn, w_dtype=jnp.bfloat16)
+
+  def test_fp8_missing_scale(self):
+    with self.assertRaisesMsg(ValueError, "w_scale: fp8 operands need their scales"):
+      trace(dm(AG_A, x_scale=jnp.float32(1)), AG_A, (128, 256), (256, 512), jnp.float8_e4m3fn)
+
+  def test_fp8_scale_not_float32(self):
+    body = dm(AG_A, x_scale=jnp.bfloat16(1), w_scale=jnp.float32(1))
+    with self.assertRaisesMsg(TypeError, "x_scale: must be float32, got bfloat16"):
+      trace(body, AG_A, (128, 256), (256, 512), jnp.float8_e4m3fn)
+
+  def test_fp8_block_scale_shapes(self):
+    # Local x [32, 256], w [256, 128]: block scales [32, 2] and [2, 1].
+    body = dm(AG_A, x_scale=jnp.ones((32, 3)), w_scale=jnp.ones((2, 1)))
+    with self.assertRaisesMsg(ValueError, "x_scale, w_scale: expected both scalars (per-tensor "
+                              "scaling) or block scales of shapes (32, 2)"):
+      trace(body, AG_A, (128, 256), (256, 512), jnp.float8_e4m3fn)
+
+  def test_fp8_block_stage_slice(self):
+    # TilingB: each stage takes N/TP of w's 256 local columns; 64 is not a whole block.
+    with self.assertRaisesMsg(ValueError, "w: block scaling with ReduceScatter1D_TilingB_RotatingC "
+                              "needs N/TP = 256/4 to be a multiple of 128"):
+      trace(dm(RS_B, fp8="block"), RS_B, (64, 2048), (2048, 256))
+
+  def test_fp8_fp16_output(self):
+    body = dm(AG_A, x_scale=jnp.float32(1), w_scale=jnp.float32(1), out_dtype=jnp.float16)
+    with self.assertRaisesMsg(TypeError, "out_dtype: an fp8 call writes bfloat16 or float32"):
+      trace(body, AG_A, (128, 256), (256, 512), jnp.float8_e4m3fn)
+
+  def test_fp8_ffi(self):
+    with self.assertRaisesMsg(ValueError, "implementation='ffi': the fused call does not take "
+                              "fp8 operands yet"):
+      trace(dm(AG_A, fp8="tensor", implementation="ffi"), AG_A, (128, 256), (256, 512))
+
+  def test_bad_fp8(self):
+    with self.assertRaisesMsg(ValueError, "fp8: expected 'tensor' or 'block', got 'rows'"):
+      trace(dm(AG_A, fp8="rows"), AG_A, (128, 256), (256, 512))
+
+  def test_fp8_of_fp8_operands(self):
+    body = dm(AG_A, fp8="tensor", x_scale=jnp.float32(1), w_scale=jnp.float32(1))
+    with self.assertRaisesMsg(ValueError, "fp8: quantizes bf16, fp16 or fp32 operands in the call"):
+      trace(body, AG_A, (128, 256), (256, 512), jnp.float8_e4m3fn)
+
+  def test_fp8_return_gathered(self):
+    with self.assertRaisesMsg(ValueError, "return_gathered: not with fp8 operands"):
+      trace(dm(AG_A, fp8="tensor", return_gathered=True), AG_A, (128, 256), (256, 512))
+
+  def test_fp8_under_vmap(self):
+    f = jax.vmap(lambda x, w: jd.all_gather_matmul(x, w, axis_name="v", fp8="tensor"),
+                 axis_name="v")
+    with self.assertRaisesMsg(ValueError, "fp8: not where jax.vmap binds axis_name 'v'"):
+      jax.eval_shape(f, _sds((2, 64, 128), jnp.float32), _sds((2, 128, 256), jnp.float32))
+
   def test_bad_gathered(self):
     body = lambda x, w: jd.all_gather_matmul(x, w, axis_name="tp", gathered="c")
     with self.assertRaisesMsg(ValueError, "gathered: expected 'x' or 'w', got 'c'"):

@@ -10,6 +10,10 @@ on x; w is [K, N] or batched like x):
   ReduceScatter1D_TilingB_RotatingC   [.., M, K/TP]  [K/TP, N]      [.., M, N/TP]   = RS_cols(x @ w)
 
 and out = alpha * (...) + beta * c, accumulated in fp32, cast to out_dtype (default x.dtype).
+fp8 (fp8.py): x and w in float8_e4m3fn / float8_e5m2 with x_scale, w_scale (per tensor or in
+blocks), out = alpha * (x * x_scale) @ (w * w_scale) + beta * c, bf16 (default) or fp32; or
+bf16/fp32 operands with fp8="tensor" | "block", quantized in the call and differentiated
+straight through the quantizer.
 NOTE: "ffi" reads c in out_dtype (the kernels' epilogue source has the output's type), and on
 CUDA a ReduceScatter's running sums cross devices in out_dtype: with a 16-bit out_dtype that
 rounds more often than "xla" and "reference", which keep fp32 until the end.
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_distgemm._src import autodiff, config, reference, validation
+from jax_distgemm._src import autodiff, config, fp8 as fp8_lib, reference, validation
 from jax_distgemm._src import implementation as impl
 from jax_distgemm._src.implementation import Params
 from jax_distgemm._src.schedules import Schedule, gathered_shape, output_shape
@@ -31,7 +35,8 @@ from jax_distgemm._src.schedules import Schedule, gathered_shape, output_shape
 def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
                        alpha: float = 1.0, beta: float = 0.0, out_dtype=None,
                        implementation: str | None = None, timeout_ms: int | None = None,
-                       return_gathered: bool = False):
+                       return_gathered: bool = False, x_scale=None, w_scale=None,
+                       fp8: str | None = None):
   """Tensor-parallel matmul with the collective fused in, for use inside `jax.shard_map`.
 
   Args:
@@ -48,6 +53,10 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
       all_gather(x, rows) (RotatingA) or all_gather(w, columns) (RotatingB), tiled, in the
       inputs' dtype.  Every implementation has it without more communication (the fused call
       copies the shards it receives into it).
+    x_scale, w_scale: fp32 scales of fp8 x and w (jax_distgemm.quantize): scalars, or block
+      scales [..., rows, K/128] and [..., K/128, cols/128]; they shard like their operand.
+    fp8: "tensor" or "block": quantize bf16/fp16/fp32 x and w in the call (current scaling, per
+      shard) and multiply in fp8; gradients pass straight through to x and w.
 
   Returns:
     The local shard of the output, or (output, gathered operand) with return_gathered.
@@ -60,10 +69,26 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   if return_gathered and not schedule.is_all_gather:
     raise ValueError(f"return_gathered: only an AllGather schedule gathers an operand, not "
                      f"{schedule.name}")
+  quantized = (fp8_lib.is_fp8(x) or fp8_lib.is_fp8(w) or x_scale is not None
+               or w_scale is not None)
+  if fp8 is not None:
+    fp8_lib.check_scaling(fp8, "fp8")
+    if quantized:
+      raise ValueError("fp8: quantizes bf16, fp16 or fp32 operands in the call; for operands "
+                       "quantized already pass x_scale and w_scale without fp8=")
+  if (quantized or fp8 is not None) and return_gathered:
+    raise ValueError("return_gathered: not with fp8 operands")
   axis_name = validation.normalize_axis_name(axis_name)
-  out_dtype = validation.resolve_out_dtype(out_dtype, x.dtype)
+  out_dtype = validation.resolve_out_dtype(out_dtype, jnp.bfloat16 if quantized else x.dtype)
+  if quantized and out_dtype not in fp8_lib.OUT_DTYPES:
+    raise TypeError(f"out_dtype: an fp8 call writes bfloat16 or float32, not {out_dtype.name}")
   tp = validation.check_call(x, w, c, schedule=schedule, axis_name=axis_name, alpha=alpha,
                              beta=beta)
+  if quantized:
+    x_scale, w_scale = (None if s is None else jnp.asarray(s) for s in (x_scale, w_scale))
+    fp8_lib.check_scales(x, x_scale, w, w_scale, schedule=schedule, tp=tp)
+  elif fp8 == "block":
+    fp8_lib.check_block_shapes(x.shape, w.shape, schedule, tp)
   if timeout_ms is None:
     timeout_ms = config.default_timeout_ms()
   else:
@@ -74,7 +99,15 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
         f"x, w: sharded over the Explicit mesh axes {free}, which the enclosing shard_map "
         "leaves free (axis_names=...); the ops run per shard of its manual axes: make the "
         "shard_map manual over those axes too, or give them AxisType.Auto")
-  if vmapped := validation.vmap_bound_axes(axis_name, x, w, c):
+  vmapped = validation.vmap_bound_axes(axis_name, x, w, c)
+  fp8_name = None
+  if fp8 is not None and vmapped:
+    # NOTE: no custom VJP under vmap (see below), and so no straight-through gradient.
+    raise ValueError(f"fp8: not where jax.vmap binds axis_name {vmapped[0]!r}; quantize with "
+                     "jax_distgemm.quantize and pass x_scale, w_scale")
+  if quantized or fp8 is not None:
+    fp8_name = impl.choose_fp8(implementation, bool(vmapped))
+  elif vmapped:
     implementation = impl.choose_under_vmap(implementation, vmapped)
   params = Params(schedule=schedule, axis_name=axis_name, tp=tp, alpha=float(alpha),
                   beta=float(beta), out_dtype=out_dtype, implementation=implementation,
@@ -82,12 +115,16 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
   if beta == 0:
     c = None
   # Matched before the custom_vjp, so cotangents have the operands' types (autodiff.py).
-  x, w, c = impl.match_vma(x, w, c)
+  x, w, c, x_scale, w_scale = impl.match_vma(x, w, c, x_scale, w_scale)
   # NOTE: no GEMM to run (K = 0, or an empty output): no implementation gets the call
   # (_empty_contraction), so no executor ever sees a grid without tiles.
   if x.shape[-1] == 0 or 0 in output_shape(schedule, x.shape, w.shape, tp):
     out = _empty_contraction(x, w, c, params)
     return (out, _gathered_without_gemm(x, w, params)) if return_gathered else out
+  if quantized:  # plain JAX on fp8 values: no custom VJP
+    return impl.run_fp8(x, x_scale, w, w_scale, c, params, fp8_name)
+  if fp8 is not None:
+    return autodiff.quantized_matmul(x, w, c, params, fp8, fp8_name)
   if vmapped:
     # NOTE: no custom VJP here: JAX traces a custom_vjp's backward outside the vmap that binds
     # the axis ("unbound axis name" in jax.grad); the ring and the reference are plain JAX,
@@ -128,7 +165,8 @@ def _empty_contraction(x, w, c, p: Params):
 
 def all_gather_matmul(x, w, c=None, *, axis_name, gathered: str = "x", alpha: float = 1.0,
                       beta: float = 0.0, out_dtype=None, implementation: str | None = None,
-                      timeout_ms: int | None = None, return_gathered: bool = False):
+                      timeout_ms: int | None = None, return_gathered: bool = False,
+                      x_scale=None, w_scale=None, fp8: str | None = None):
   """AllGather + GEMM inside `jax.shard_map`: x rows-sharded, w columns-sharded.
 
   gathered="x" (AllGather1D_TilingCD_RotatingA, sequence-parallel column-parallel linear):
@@ -146,12 +184,14 @@ def all_gather_matmul(x, w, c=None, *, axis_name, gathered: str = "x", alpha: fl
               Schedule.AllGather1D_TilingCD_RotatingB)
   return distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule, alpha=alpha,
                             beta=beta, out_dtype=out_dtype, implementation=implementation,
-                            timeout_ms=timeout_ms, return_gathered=return_gathered)
+                            timeout_ms=timeout_ms, return_gathered=return_gathered,
+                            x_scale=x_scale, w_scale=w_scale, fp8=fp8)
 
 
 def matmul_reduce_scatter(x, w, c=None, *, axis_name, scatter: str = "rows",
                           alpha: float = 1.0, beta: float = 0.0, out_dtype=None,
-                          implementation: str | None = None, timeout_ms: int | None = None):
+                          implementation: str | None = None, timeout_ms: int | None = None,
+                          x_scale=None, w_scale=None, fp8: str | None = None):
   """GEMM + ReduceScatter inside `jax.shard_map`: x and w sharded on the contraction dim.
 
   scatter="rows" (ReduceScatter1D_TilingA_RotatingC, row-parallel linear):
@@ -167,4 +207,4 @@ def matmul_reduce_scatter(x, w, c=None, *, axis_name, scatter: str = "rows",
               Schedule.ReduceScatter1D_TilingB_RotatingC)
   return distributed_matmul(x, w, c, axis_name=axis_name, schedule=schedule, alpha=alpha,
                             beta=beta, out_dtype=out_dtype, implementation=implementation,
-                            timeout_ms=timeout_ms)
+                            timeout_ms=timeout_ms, x_scale=x_scale, w_scale=w_scale, fp8=fp8)

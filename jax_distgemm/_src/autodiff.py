@@ -50,7 +50,7 @@ import numpy as np
 
 from jax.custom_derivatives import SymbolicZero
 
-from jax_distgemm._src import implementation, validation
+from jax_distgemm._src import fp8, implementation, validation
 from jax_distgemm._src.implementation import Params
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
@@ -288,6 +288,33 @@ def _bwd(params: Params, res, g):
 _matmul.defvjp(_fwd, _bwd)
 _matmul_with_operand.defvjp(_fwd_with_operand, _bwd_with_operand, symbolic_zeros=True)
 _matmul_with_operand_dense.defvjp(_fwd_with_operand_dense, _bwd_with_operand)
+
+
+# fp8=: the forward quantizes x and w (current scaling, per shard) and runs the fp8 call; the
+# backward is the unquantized call's (straight through the quantizer): the dual schedule in the
+# operands' own dtype.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fp8_matmul(x, w, c, params: Params, scaling: str, name: str):
+  xq, sx = fp8.quantize(x, scaling, operand="x")
+  wq, sw = fp8.quantize(w, scaling, operand="w")
+  return implementation.run_fp8(xq, sx, wq, sw, c, params, name)
+
+
+def _fp8_fwd(x, w, c, params, scaling, name):
+  return _fp8_matmul(x, w, c, params, scaling, name), _residuals(x, w, c)
+
+
+def _fp8_bwd(params, scaling, name, res, g):
+  del scaling, name
+  return _bwd(params, res, g)
+
+
+_fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
+
+
+def quantized_matmul(x, w, c, params: Params, scaling: str, name: str):
+  """The differentiable per-shard op with fp8=`scaling`, run by implementation `name`."""
+  return _fp8_matmul(x, w, c, params, scaling, name)
 
 
 def matmul(x, w, c, params: Params):

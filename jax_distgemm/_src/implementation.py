@@ -8,6 +8,8 @@
                otherwise "xla"
 
 JAX_DISTGEMM_IMPLEMENTATION replaces None everywhere and counts as an explicit choice.
+fp8 operands run by XLA: "reference" (None's choice; "xla" under vmap) or "xla"; the fused
+fp8 kernels are not in the custom call yet, so "ffi" refuses them.
 
 Fallback has one meaning: what runs when the chosen implementation cannot.  An explicit
 choice has none (the call raises, naming the rule); None falls back to the XLA ring, with a
@@ -26,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm._src import config, primitives, reference, xla_ring
+from jax_distgemm._src import config, fp8, primitives, reference, xla_ring
 from jax_distgemm._src.schedules import Schedule
 
 IMPLEMENTATIONS = ("ffi", "xla", "reference")
@@ -217,3 +219,23 @@ def run(x, w, c, p: Params, name: str | None = None):
   return impl.distributed_matmul(x, w, c, axis_name=p.axis_name, schedule=p.schedule,
                                  alpha=p.alpha, beta=p.beta, out_dtype=p.out_dtype,
                                  with_operand=p.with_operand)
+
+
+def choose_fp8(implementation: str | None, vmapped: bool) -> str:
+  """The implementation of an fp8 call: XLA's, until the custom call takes fp8."""
+  name = requested(implementation)
+  if name == "ffi":
+    raise ValueError("implementation='ffi': the fused call does not take fp8 operands yet; "
+                     "use implementation=None, 'reference' or 'xla'")
+  return name or ("xla" if vmapped else "reference")
+
+
+def run_fp8(x, x_scale, w, w_scale, c, p: Params, name: str):
+  """An fp8 call: "reference" dequantizes each shard and runs the specification; "xla" rotates
+  (values, scales) pairs and dequantizes per stage."""
+  kwargs = dict(axis_name=p.axis_name, schedule=p.schedule, alpha=p.alpha, beta=p.beta,
+                out_dtype=p.out_dtype)
+  if name == "reference":
+    return reference.distributed_matmul(fp8.dequantize(x, x_scale, operand="x"),
+                                        fp8.dequantize(w, w_scale, operand="w"), c, **kwargs)
+  return xla_ring.distributed_matmul((x, x_scale), (w, w_scale), c, **kwargs)

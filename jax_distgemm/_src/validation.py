@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import mesh as mesh_lib
 
+from jax_distgemm._src import fp8
 from jax_distgemm._src.schedules import Schedule, output_shape
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -146,6 +147,8 @@ def resolve_out_dtype(out_dtype, x_dtype) -> np.dtype:
 
 def check_dtypes(x, w) -> None:
   xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
+  if xd in fp8.FP8_DTYPES or wd in fp8.FP8_DTYPES:
+    return  # fp8.check_scales: both fp8, with their scales
   if xd not in SUPPORTED_DTYPES:
     raise TypeError(
         f"x: dtype {xd.name} is not supported; use bfloat16, float16 or float32")

@@ -2,7 +2,8 @@
 
 The portable fallback (any backend, any dtype) and a second executable spec: it follows the
 same stage order as the fused kernels (cc/schedules/ring_1d.h), so a bug in the index math
-shows up here too.  In the style of the shard_map tutorial's matmul_allgather_overlapped: the
+shows up here too.  An fp8 operand is a (values, scales) pair (fp8.py): the pair travels in
+one ppermute, and each stage dequantizes what it multiplies.  In the style of the shard_map tutorial's matmul_allgather_overlapped: the
 next shard's ppermute is issued before this stage's dot so XLA may overlap them.
 """
 
@@ -12,9 +13,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_distgemm._src import schedules
+from jax_distgemm._src import fp8, schedules
 from jax_distgemm._src.reference import epilogue, matmul_f32
 from jax_distgemm._src.schedules import Schedule
+
+
+def _dot(a, b):
+  return matmul_f32(fp8.dense(a, "x"), fp8.dense(b, "w"))
 
 
 def _shift(x, axis_name, tp: int, offset: int):
@@ -53,14 +58,15 @@ def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype,
                 with_operand=False):
   rotating_a = schedule == Schedule.AllGather1D_TilingCD_RotatingA
   d = lax.axis_index(axis_name)
-  axis = x.ndim - 2 if rotating_a else x.ndim - 1  # output axis tiled by the stages
-  block = x.shape[-2] if rotating_a else w.shape[-1]
-  out_shape = list(x.shape[:-1]) + [w.shape[-1]]
+  xv, wv = fp8.values_of(x), fp8.values_of(w)
+  axis = xv.ndim - 2 if rotating_a else xv.ndim - 1  # output axis tiled by the stages
+  block = xv.shape[-2] if rotating_a else wv.shape[-1]
+  out_shape = list(xv.shape[:-1]) + [wv.shape[-1]]
   out_shape[axis] *= tp
   out = jnp.zeros(out_shape, out_dtype)
   cur = x if rotating_a else w
   # with_operand: also assemble the gathered operand from the shards the stages hold anyway.
-  op_axis = cur.ndim - 2 if rotating_a else cur.ndim - 1
+  op_axis = xv.ndim - 2 if rotating_a else wv.ndim - 1
   gathered = (jnp.zeros(schedules.gathered_shape(schedule, x.shape, w.shape, tp), cur.dtype)
               if with_operand else None)
   for i in range(tp):
@@ -68,7 +74,7 @@ def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype,
     # delivers it (device s sends its shard to (s - i) % tp for stage i).
     nxt = _shift(cur, axis_name, tp, -1) if i + 1 < tp else None
     tile = schedules.output_tile(schedule, d, i, tp)
-    acc = matmul_f32(cur, w) if rotating_a else matmul_f32(x, cur)
+    acc = _dot(cur, w) if rotating_a else _dot(x, cur)
     ct = None if c is None else lax.dynamic_slice_in_dim(c, tile * block, block, axis)
     y = epilogue(acc, ct, alpha=alpha, beta=beta, out_dtype=out_dtype)
     out = lax.dynamic_update_slice_in_dim(out, y, tile * block, axis)
@@ -85,11 +91,11 @@ def _reduce_scatter(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype)
   for i in range(tp):
     tile = schedules.output_tile(schedule, d, i, tp)
     if tiling_a:
-      block = x.shape[-2] // tp
-      acc = matmul_f32(lax.dynamic_slice_in_dim(x, tile * block, block, x.ndim - 2), w)
+      block = fp8.values_of(x).shape[-2] // tp
+      acc = _dot(fp8.slice_rows(x, tile * block, block), w)
     else:
-      block = w.shape[-1] // tp
-      acc = matmul_f32(x, lax.dynamic_slice_in_dim(w, tile * block, block, w.ndim - 1))
+      block = fp8.values_of(w).shape[-1] // tp
+      acc = _dot(x, fp8.slice_cols(w, tile * block, block))
     if running is not None:
       acc = acc + running
     if i + 1 < tp:
@@ -107,7 +113,7 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: fl
   RotatingB (tiled like jax.lax.all_gather(..., tiled=True)), assembled from the shards the
   stages receive anyway: no extra communication.
   """
-  out_dtype = out_dtype or x.dtype
+  out_dtype = out_dtype or fp8.values_of(x).dtype
   tp = lax.axis_size(axis_name)
   kwargs = dict(axis_name=axis_name, tp=tp, schedule=schedule, alpha=alpha, beta=beta,
                 out_dtype=out_dtype)

@@ -1,0 +1,182 @@
+"""fp8 operands on fake CPU devices: quantize, every schedule per tensor and in blocks, and
+fp8= differentiated straight through the quantizer (bad fp8 inputs: validation_test).
+
+Each device quantizes its own shard (its scales describe that shard only), so a schedule that
+moves a shard must move its scales with it: a scale left behind multiplies the wrong block.
+"""
+
+import test_util  # noqa: I001  (first: requests the 8 fake CPU devices)
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_distgemm as jd
+from jax_distgemm import Schedule
+
+SCHEDULES = tuple(Schedule)
+# Products of the dequantized values in fp32: only the accumulation order differs.
+F32_TOL = 1e-5
+
+
+def shapes(tp: int, batch: int = 0):
+  """x, w global shapes with whole 128-blocks in every shard and every stage's slice."""
+  lead = (batch,) if batch else ()
+  return lead + (32 * tp, 128 * tp), (128 * tp, 128 * tp)
+
+
+def run(schedule, x, w, *, tp, scaling, implementation=None, c=None, alpha=1.0, beta=0.0,
+        out_dtype=jnp.float32):
+  """Each device quantizes its shards and calls the op: (out, dequantized x, dequantized w)."""
+  mesh = test_util.mesh_1d(tp)
+  xs, ws, os_ = test_util.specs(schedule, x.ndim - 2)
+
+  def body(x, w, *c):
+    xq, sx = jd.quantize(x, scaling, operand="x")
+    wq, sw = jd.quantize(w, scaling, operand="w")
+    out = jd.distributed_matmul(xq, wq, c[0] if c else None, axis_name="tp", schedule=schedule,
+                                x_scale=sx, w_scale=sw, alpha=alpha, beta=beta,
+                                out_dtype=out_dtype, implementation=implementation)
+    return out, jd.dequantize(xq, sx, operand="x"), jd.dequantize(wq, sw, operand="w")
+
+  args = [x, w] + ([c] if c is not None else [])
+  in_specs = (xs, ws) + ((os_,) if c is not None else ())
+  args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, in_specs)]
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(os_, xs, ws)))
+  return f(*args)
+
+
+class QuantizeTest(parameterized.TestCase):
+
+  @parameterized.product(scaling=["tensor", "block"], operand=["x", "w"],
+                         dtype=[jnp.float8_e4m3fn, jnp.float8_e5m2])
+  def test_round_trip(self, scaling, operand, dtype):
+    a = jax.random.normal(jax.random.key(3), (256, 384), jnp.float32)
+    a = a.at[:128].multiply(1e9)  # blocks of very different ranges
+    q, s = jd.quantize(a, scaling, operand=operand, dtype=dtype)
+    self.assertEqual(q.dtype, jnp.dtype(dtype))
+    want = {"tensor": (), "block": (256, 3) if operand == "x" else (2, 3)}[scaling]
+    self.assertEqual(s.shape, want)
+    back = np.asarray(jd.dequantize(q, s, operand=operand))
+    # Relative to each 128-block's own magnitude: per-tensor scaling loses the small rows.
+    small = slice(128, 256)
+    err = np.linalg.norm(back[small] - a[small]) / np.linalg.norm(a[small])
+    bound = {jnp.dtype(jnp.float8_e4m3fn): 0.04, jnp.dtype(jnp.float8_e5m2): 0.08}[jnp.dtype(dtype)]
+    if scaling == "block":
+      self.assertLess(err, bound)
+    else:
+      self.assertGreater(err, bound)  # the same rows under one scale: why blocks exist
+
+  def test_zeros_get_scale_one(self):
+    q, s = jd.quantize(jnp.zeros((128, 256)), "block", operand="w")
+    np.testing.assert_array_equal(np.asarray(s), np.ones((1, 2), np.float32))
+    np.testing.assert_array_equal(np.asarray(q, np.float32), 0.0)
+
+  @parameterized.parameters(
+      (dict(scaling="rows"), ValueError, "scaling: expected 'tensor' or 'block'"),
+      (dict(operand="y"), ValueError, "operand: expected 'x' or 'w'"),
+      (dict(dtype=jnp.int8), TypeError, "dtype: expected float8_e4m3fn or float8_e5m2"),
+      (dict(scaling="block", operand="w", shape=(100, 128)), ValueError, "multiple of 128"),
+      (dict(scaling="block", shape=(128, 100)), ValueError, "multiple of 128"))
+  def test_bad_arguments(self, kwargs, error, message):
+    shape = kwargs.pop("shape", (128, 128))
+    with self.assertRaisesRegex(error, message):
+      jd.quantize(jnp.ones(shape), **kwargs)
+
+
+class Fp8ScheduleTest(parameterized.TestCase):
+
+  def check(self, schedule, tp, scaling, implementation=None, batch=0, epilogue=False):
+    x_shape, w_shape = shapes(tp, batch)
+    x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, tp, scaling), x_shape,
+                                      w_shape, jnp.float32)
+    c, alpha, beta = None, 1.0, 0.0
+    if epilogue:
+      out_global = x_shape[:-1] + (w_shape[-1],)
+      c = jax.random.normal(jax.random.key(tp), out_global, jnp.float32)
+      alpha, beta = 0.5, 2.0
+    out, xd, wd = run(schedule, x, w, tp=tp, scaling=scaling, implementation=implementation,
+                      c=c, alpha=alpha, beta=beta)
+    ref = test_util.reference_np(xd, wd, c, alpha=alpha, beta=beta)
+    self.assertLess(test_util.rel_err(out, ref), F32_TOL)
+
+  @parameterized.product(schedule=SCHEDULES, scaling=["tensor", "block"],
+                         implementation=["reference", "xla"])
+  def test_every_schedule_and_implementation(self, schedule, scaling, implementation):
+    self.check(schedule, 4, scaling, implementation)
+
+  @parameterized.product(schedule=SCHEDULES, tp=[1, 2, 8])
+  def test_every_tp_by_default(self, schedule, tp):
+    self.check(schedule, tp, "block" if tp % 2 else "tensor")
+
+  @parameterized.parameters(*SCHEDULES)
+  def test_batch_and_epilogue(self, schedule):
+    self.check(schedule, 2, "block", "xla", batch=2, epilogue=True)
+
+  def test_a_scale_left_behind_is_caught(self):
+    # The same check with one device's scale replaced must fail: the test can fail.
+    schedule, tp = Schedule.AllGather1D_TilingCD_RotatingA, 4
+    x, w, _ = test_util.random_inputs(7, *shapes(tp), jnp.float32)
+    out, xd, wd = run(schedule, x, w, tp=tp, scaling="tensor", implementation="xla")
+    wrong = np.asarray(xd).copy()
+    wrong[:32] *= 2.0  # device 0's rows, as if its scale had doubled
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(xd, wd)), F32_TOL)
+    self.assertGreater(test_util.rel_err(out, test_util.reference_np(wrong, wd)), 0.1)
+
+  def test_bf16_output(self):
+    schedule, tp = Schedule.ReduceScatter1D_TilingA_RotatingC, 2
+    x, w, _ = test_util.random_inputs(9, *shapes(tp), jnp.float32)
+    out, xd, wd = run(schedule, x, w, tp=tp, scaling="block", out_dtype=None)
+    self.assertEqual(out.dtype, jnp.bfloat16)  # the default for fp8 operands
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(xd, wd)), 1e-2)
+
+
+class Fp8GradTest(parameterized.TestCase):
+  """fp8=: the forward multiplies quantized operands; the gradient is the unquantized op's."""
+
+  @parameterized.product(schedule=SCHEDULES, scaling=["tensor", "block"])
+  def test_straight_through(self, schedule, scaling):
+    tp = 2
+    mesh = test_util.mesh_1d(tp)
+    xs, ws, os_ = test_util.specs(schedule, 0)
+    x, w, _ = test_util.random_inputs(test_util.seed_of("grad", schedule), *shapes(tp),
+                                      jnp.float32)
+    probe = jax.random.normal(jax.random.key(5), (x.shape[0], w.shape[1]), jnp.float32)
+
+    def op(x, w, fp8):
+      return jax.shard_map(lambda x, w: jd.distributed_matmul(
+          x, w, axis_name="tp", schedule=schedule, fp8=fp8), mesh=mesh, in_specs=(xs, ws),
+                           out_specs=os_)(x, w)
+
+    def loss(x, w, fp8):
+      return jnp.sum(op(x, w, fp8) * probe)  # linear: its cotangent is the probe, whatever ran
+
+    grads = jax.jit(jax.grad(loss, (0, 1)), static_argnums=2)
+    for a, b in zip(grads(x, w, scaling), grads(x, w, None)):
+      self.assertLess(test_util.rel_err(a, np.asarray(b, np.float64)), F32_TOL)
+    quantized, exact = (np.asarray(jax.jit(op, static_argnums=2)(x, w, s), np.float64)
+                        for s in (scaling, None))
+    self.assertBetween(test_util.rel_err(quantized, exact), 1e-3, 0.1)  # the forward quantized
+
+  def test_under_vmap(self):
+    # vmap binds the axis (fp8= is refused there: validation_test); fp8 operands run the ring.
+    x = jax.random.normal(jax.random.key(1), (2, 64, 128), jnp.float32)
+    w = jax.random.normal(jax.random.key(2), (2, 128, 256), jnp.float32)
+
+    def quantized(x, w):
+      (xq, sx), (wq, sw) = jd.quantize(x), jd.quantize(w, operand="w")
+      out = jd.all_gather_matmul(xq, wq, axis_name="v", x_scale=sx, w_scale=sw,
+                                 out_dtype=jnp.float32)
+      return out, jd.dequantize(xq, sx), jd.dequantize(wq, sw)
+
+    out, xd, wd = jax.vmap(quantized, axis_name="v")(x, w)
+    ref = np.concatenate(list(np.asarray(xd, np.float64)), 0) @ np.asarray(wd[0], np.float64)
+    self.assertLess(test_util.rel_err(out[0], ref), F32_TOL)
+
+
+if __name__ == "__main__":
+  absltest.main()
