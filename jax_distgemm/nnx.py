@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_distgemm._src import config
+from jax_distgemm._src import fp8 as fp8_lib
 from jax_distgemm._src import implementation as impl
 from jax_distgemm._src import sharding_rules as rules
 from jax_distgemm._src.collective import collective_matmul
@@ -60,7 +61,7 @@ class _ParallelLinear(nnx.Module):
                kernel_init=default_kernel_init, bias_init=default_bias_init,
                implementation: str | None | Callable = None, axis: str = "tp",
                batch_axis: str | tuple[str, ...] | None = _DEFAULT_BATCH_AXIS,
-               mesh: jax.sharding.Mesh | None = None,
+               mesh: jax.sharding.Mesh | None = None, fp8: str | None = None,
                rngs: nnx.Rngs):
     name = type(self).__name__
     for arg, v in (("in_features", in_features), ("out_features", out_features)):
@@ -97,6 +98,16 @@ class _ParallelLinear(nnx.Module):
       raise ValueError(f"{name}: {self._sharded_features} "
                        f"({getattr(self, self._sharded_features)}) must be divisible by the "
                        f"size of mesh axis {axis!r} ({tp}): the kernel is sharded over it")
+    if fp8 is not None:
+      fp8_lib.check_scaling(fp8, f"{name}: fp8")
+      if callable(implementation):
+        raise ValueError(f"{name}: fp8: a callable implementation quantizes nothing")
+      if fp8 == "block":
+        k, n = self._kernel_shard(tp)
+        if k % fp8_lib.BLOCK or n % fp8_lib.BLOCK:
+          raise ValueError(f"{name}: fp8='block' needs each kernel shard [{k}, {n}] to be whole "
+                           f"{fp8_lib.BLOCK}x{fp8_lib.BLOCK} blocks")
+    self.fp8 = fp8
     kinit = nnx.with_partitioning(kernel_init, self._kernel_sharding(axis), mesh=mesh)
     self.kernel = nnx.Param(kinit(rngs.params(), (self.in_features, self.out_features),
                                   param_dtype))
@@ -157,7 +168,7 @@ class _ParallelLinear(nnx.Module):
         x, kernel, mesh=mesh, axis=self.axis, in_specs=(x_spec, w_spec),
         out_sharding=NamedSharding(mesh, p.out_spec) if isinstance(mesh, jax.sharding.Mesh)
         else p.out_spec,
-        out_dtype=x.dtype, implementation=self.implementation)
+        out_dtype=x.dtype, implementation=self.implementation, fp8=self.fp8)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
@@ -186,6 +197,8 @@ class ColumnParallelLinear(_ParallelLinear):
       layer's work along them (a warning says so).
     mesh: the mesh (default: the one set with jax.set_mesh, which must then be set when the
       layer is built too: its parameters are created sharded).
+    fp8: None, "tensor" or "block": quantize the input and the kernel shards to fp8 in every
+      call (current scaling); gradients pass straight through, in the layer's dtype.
     rngs: nnx.Rngs for the initializers.
   """
 
@@ -196,6 +209,9 @@ class ColumnParallelLinear(_ParallelLinear):
 
   def _input_spec(self, batch):
     return P(*batch, self.axis, None)
+
+  def _kernel_shard(self, tp):
+    return self.in_features, self.out_features // tp
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -214,6 +230,9 @@ class RowParallelLinear(_ParallelLinear):
 
   def _input_spec(self, batch):
     return P(*batch, None, self.axis)
+
+  def _kernel_shard(self, tp):
+    return self.in_features // tp, self.out_features
 
 
 class ParallelMLP(nnx.Module):

@@ -435,6 +435,41 @@ class BatchAxesTest(parameterized.TestCase):
                                atol=1e-4)
 
 
+class Fp8LayerTest(parameterized.TestCase):
+  """fp8=: the forward of quantized shards, the gradients of the unquantized layer."""
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = make_mesh(test_util.cpu_devices(4), (1, 4))
+
+  @parameterized.product(layer=LAYERS, fp8=["tensor", "block"])
+  def test_forward_quantized_grads_straight_through(self, layer, fp8):
+    d_in, d_out = (128, 512) if layer == "column" else (512, 128)  # whole 128-blocks per shard
+    x = random_x(1, (2, 16, d_in))
+    probe = random_x(2, (2, 16, d_out))
+    with jax.set_mesh(self.mesh):
+      plain = layer_cls(layer)(d_in, d_out, rngs=nnx.Rngs(0))
+      quantized = layer_cls(layer)(d_in, d_out, fp8=fp8, rngs=nnx.Rngs(0))
+
+      def grads(model):
+        return nnx.grad(lambda m, x: jnp.sum(m(x) * probe), argnums=(0, 1))(model, x)
+
+      y, y_plain = quantized(x), plain(x)
+      (gm, gx), (gm_plain, gx_plain) = grads(quantized), grads(plain)
+    self.assertBetween(test_util.rel_err(y, np.asarray(y_plain, np.float64)), 1e-3, 0.1)
+    self.assertLess(test_util.rel_err(gx, np.asarray(gx_plain, np.float64)), 1e-5)
+    self.assertLess(test_util.rel_err(gm.kernel[...], np.asarray(gm_plain.kernel[...],
+                                                                 np.float64)), 1e-5)
+
+  def test_errors_at_construction(self):
+    with self.assertRaisesRegex(ValueError, "ColumnParallelLinear: fp8: expected 'tensor' or "
+                                "'block', got 'e4m3'"):
+      tp_nnx.ColumnParallelLinear(128, 512, fp8="e4m3", mesh=self.mesh, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, r"RowParallelLinear: fp8='block' needs each kernel "
+                                r"shard \[64, 128\] to be whole 128x128 blocks"):
+      tp_nnx.RowParallelLinear(256, 128, fp8="block", mesh=self.mesh, rngs=nnx.Rngs(0))
+
+
 class CpuBf16LayerTest(LayerCases, parameterized.TestCase):
   """The GPU configuration (bf16, data=1 x tp=2, "ffi") on the CPU executor."""
 

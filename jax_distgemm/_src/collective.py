@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_distgemm._src import auto_partitioning, config, shard_map_path, validation
+from jax_distgemm._src import fp8 as fp8_lib
 from jax_distgemm._src import implementation as impl
 from jax_distgemm._src import sharding_rules as rules
 
@@ -132,7 +133,7 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
                       fallback: str = "error", in_specs: Sequence | None = None,
                       alpha: float = 1.0, out_dtype=None,
                       implementation: str | None | Callable = None,
-                      timeout_ms: int | None = None):
+                      timeout_ms: int | None = None, fp8: str | None = None):
   """out = alpha * x @ w on globally sharded arrays, as the fused collective matmul the
   shardings call for (the rule table in sharding_rules.py).
 
@@ -154,6 +155,9 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
     implementation: "ffi", "xla", "reference" or None (implementation.py), or a per-shard
       callable fn(x, w, *, axis_name, schedule, out_dtype) run in place of the op (alpha 1).
     timeout_ms: bound on every wait for a peer (FFI path).
+    fp8: "tensor" or "block": each shard of x and w is quantized to fp8 in the call and the
+      schedule multiplies in fp8; gradients pass straight through (see distributed_matmul).
+      fallback="dot" runs unquantized.
 
   Returns:
     out [..., M, N], sharded as the plan says (out_sharding when given).
@@ -170,6 +174,11 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   implementation = _checked_implementation(implementation)
   if callable(implementation) and alpha != 1.0:
     raise ValueError("alpha: a per-shard callable implementation takes no alpha (pass 1.0)")
+  if fp8 is not None:
+    fp8_lib.check_scaling(fp8, "fp8")
+    if callable(implementation):
+      raise ValueError("fp8: a per-shard callable implementation quantizes nothing; pass "
+                       "implementation=None, 'reference' or 'xla'")
   if timeout_ms is not None:
     timeout_ms = config.check_timeout_ms(timeout_ms)
   x_ndim, w_ndim = jnp.ndim(x), jnp.ndim(w)
@@ -181,7 +190,7 @@ def collective_matmul(x, w, *, mesh=None, axis: str = "tp", out_sharding=None,
   validation.check_dtypes(x, w)
   o = rules.Options(axis=axis, alpha=float(alpha),
                     out_dtype=validation.resolve_out_dtype(out_dtype, x.dtype),
-                    implementation=implementation, timeout_ms=timeout_ms)
+                    implementation=implementation, timeout_ms=timeout_ms, fp8=fp8)
   out_spec, out_mesh = _out_spec_of(out_sharding)
   # Every mesh known at trace time must have the axis: checked here, before either path.
   for where, m in (("mesh", mesh), ("out_sharding", out_mesh), ("x", _operand_mesh(x)),

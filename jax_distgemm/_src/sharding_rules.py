@@ -201,6 +201,7 @@ class Options:
   # A name, None, or a per-shard callable fn(x, w, *, axis_name, schedule, out_dtype).
   implementation: str | None | Callable
   timeout_ms: int | None
+  fp8: str | None = None  # "tensor" or "block": quantize every shard in the call (fp8.py)
 
 
 def fused_body(p: Plan, o: Options):
@@ -213,7 +214,8 @@ def fused_body(p: Plan, o: Options):
     else:
       out = api.distributed_matmul(x, w, axis_name=o.axis, schedule=p.schedule,
                                    alpha=o.alpha, out_dtype=dtype,
-                                   implementation=o.implementation, timeout_ms=o.timeout_ms)
+                                   implementation=o.implementation, timeout_ms=o.timeout_ms,
+                                   fp8=o.fp8)
     if p.psum_axes:
       out = jax.lax.psum(out, p.psum_axes).astype(o.out_dtype)
     return out
