@@ -15,6 +15,7 @@ process (the CPU executor runs the same schedules).
 
   python examples/flax_tp_mlp.py
   python examples/flax_tp_mlp.py --data=1 --tp=2 --implementation=ffi   # e.g. 2 H200s
+  python examples/flax_tp_mlp.py --fp8=block --d-model=128 --d-ff=512     # fp8 GEMMs
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default: 1e-2)")
   p.add_argument("--implementation", default="auto", choices=("auto", "ffi", "xla", "reference"),
                  help="jax_distgemm implementation (default: auto)")
-  p.add_argument("--rtol", type=float, default=1e-3,
-                 help="max relative loss difference vs the one-device model (default: 1e-3)")
+  p.add_argument("--fp8", default="none", choices=("none", "tensor", "block"),
+                 help="quantize the tensor-parallel layers' GEMMs to fp8 (default: none; block "
+                 "needs --d-model and --d-ff/--tp to be multiples of 128)")
+  p.add_argument("--rtol", type=float, default=None,
+                 help="max relative loss difference vs the one-device model (default: 1e-3, "
+                 "5e-2 with --fp8: the one-device model does not quantize)")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
   for name in ("data", "tp", "batch", "seq", "d_model", "d_ff"):
@@ -49,6 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.error(f"--steps must be >= 2 (the loss must decrease over the steps), got {args.steps}")
   if args.seq % args.tp or args.d_ff % args.tp or args.batch % args.data:
     p.error("--seq and --d-ff must be divisible by --tp, --batch by --data")
+  if args.rtol is None:
+    args.rtol = 1e-3 if args.fp8 == "none" else 5e-2
   return args
 
 
@@ -94,7 +101,7 @@ def main(argv=None) -> int:
   mesh = jax.make_mesh((args.data, args.tp), ("data", "tp"), devices=devices,
                        axis_types=(AxisType.Auto, AxisType.Auto))
   print(f"running on {len(devices)} {kind} devices: mesh data={args.data} x tp={args.tp}, "
-        f"implementation={args.implementation}")
+        f"implementation={args.implementation}, fp8={args.fp8}")
 
   class Block(nnx.Module):
     """x + MLP(LayerNorm(x)); MLP tensor-parallel or plain."""
@@ -103,7 +110,8 @@ def main(argv=None) -> int:
       self.norm = nnx.LayerNorm(args.d_model, rngs=rngs)
       if parallel:
         self.mlp = tp_nnx.ParallelMLP(args.d_model, args.d_ff, mesh=mesh,
-                                      implementation=implementation, rngs=rngs)
+                                      implementation=implementation,
+                                      fp8=None if args.fp8 == "none" else args.fp8, rngs=rngs)
       else:
         self.up = nnx.Linear(args.d_model, args.d_ff, rngs=rngs)
         self.down = nnx.Linear(args.d_ff, args.d_model, rngs=rngs)
