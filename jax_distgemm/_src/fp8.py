@@ -16,6 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_distgemm._src import reference
 from jax_distgemm._src.schedules import Schedule
 
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
@@ -134,15 +135,56 @@ def check_scales(x, x_scale, w, w_scale, *, schedule: Schedule, tp: int) -> str:
   return scaling
 
 
+def _bf16_matmul(a, b):
+  # fp8 values are exact in bf16, so this is the fp8 product, accumulated in fp32.
+  return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                    preferred_element_type=jnp.float32)
+
+
+def matmul(x_op, w_op):
+  """x @ w in fp32 of two (values, scales) pairs.  Per tensor the scales factor out of the sum:
+  the values multiply as bf16 (a bf16 GEMM, not an fp32 one) and the scales scale the result;
+  block scales vary along K, so blocks multiply dequantized, in fp32."""
+  (xv, sx), (wv, sw) = x_op, w_op
+  if sx.ndim == 0 and sw.ndim == 0:
+    return _bf16_matmul(xv, wv) * (sx * sw)
+  return reference.matmul_f32(dequantize(xv, sx, operand="x"), dequantize(wv, sw, operand="w"))
+
+
+def reference_matmul(x, x_scale, w, w_scale, c, *, axis_name, schedule: Schedule, alpha: float,
+                     beta: float, out_dtype):
+  """The specification for fp8 operands: XLA's all-gather (values and scales) or
+  reduce-scatter around the dot of the scaled operands."""
+  kwargs = dict(axis_name=axis_name, schedule=schedule, alpha=alpha, beta=beta,
+                out_dtype=out_dtype)
+  if x_scale.ndim or w_scale.ndim:
+    return reference.distributed_matmul(dequantize(x, x_scale, operand="x"),
+                                        dequantize(w, w_scale, operand="w"), c, **kwargs)
+  rows, cols = x.ndim - 2, x.ndim - 1
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:  # each gathered shard has its scale
+    scales = jnp.repeat(reference.all_gather(x_scale[None], axis_name, 0), x.shape[-2])
+    acc = _bf16_matmul(reference.all_gather(x, axis_name, rows), w) * w_scale
+    acc = acc * scales[:, None]
+  elif schedule == Schedule.AllGather1D_TilingCD_RotatingB:
+    scales = jnp.repeat(reference.all_gather(w_scale[None], axis_name, 0), w.shape[-1])
+    acc = _bf16_matmul(x, reference.all_gather(w, axis_name, w.ndim - 1)) * x_scale * scales
+  else:
+    dim = rows if schedule == Schedule.ReduceScatter1D_TilingA_RotatingC else cols
+    acc = reference.psum_scatter(matmul((x, x_scale), (w, w_scale)), axis_name, dim)
+  return reference.epilogue(acc, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
+
+
 # Scaled operands in the ring: (values, scale) pairs, or plain arrays.
 
 def values_of(op):
   return op[0] if isinstance(op, tuple) else op
 
 
-def dense(op, operand: str):
-  """The operand in fp32 (dequantized), or as it is."""
-  return dequantize(*op, operand=operand) if isinstance(op, tuple) else op
+def ring_matmul(a, b):
+  """A ring stage's x @ w in fp32: of scaled pairs (matmul) or of plain arrays."""
+  if isinstance(a, tuple):
+    return matmul(a, b)
+  return reference.matmul_f32(a, b)
 
 
 def slice_rows(op, start, size: int):

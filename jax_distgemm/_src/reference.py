@@ -40,9 +40,9 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule, alpha: fl
     gathered = all_gather(w, axis_name, w.ndim - 1)
     acc = matmul_f32(x, gathered)
   elif schedule == Schedule.ReduceScatter1D_TilingA_RotatingC:
-    acc = _psum_scatter(matmul_f32(x, w), axis_name, rows)
+    acc = psum_scatter(matmul_f32(x, w), axis_name, rows)
   else:
-    acc = _psum_scatter(matmul_f32(x, w), axis_name, cols)
+    acc = psum_scatter(matmul_f32(x, w), axis_name, cols)
   out = epilogue(acc, c, alpha=alpha, beta=beta, out_dtype=out_dtype)
   return (out, gathered) if with_operand else out
 
@@ -59,7 +59,7 @@ def all_gather(a, axis_name, axis: int):
   return jax.lax.all_gather(a, axis_name, axis=axis, tiled=True)
 
 
-def _psum_scatter(a, axis_name, dim: int):
+def psum_scatter(a, axis_name, dim: int):
   if a.shape[dim] == 0:
     tp = jax.lax.axis_size(axis_name)
     pad = [(0, tp if d == dim else 0) for d in range(a.ndim)]

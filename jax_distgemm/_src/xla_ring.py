@@ -3,7 +3,7 @@
 The portable fallback (any backend, any dtype) and a second executable spec: it follows the
 same stage order as the fused kernels (cc/schedules/ring_1d.h), so a bug in the index math
 shows up here too.  An fp8 operand is a (values, scales) pair (fp8.py): the pair travels in
-one ppermute, and each stage dequantizes what it multiplies.  In the style of the shard_map tutorial's matmul_allgather_overlapped: the
+one ppermute, and each stage multiplies it by fp8.matmul.  In the style of the shard_map tutorial's matmul_allgather_overlapped: the
 next shard's ppermute is issued before this stage's dot so XLA may overlap them.
 """
 
@@ -14,12 +14,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_distgemm._src import fp8, schedules
-from jax_distgemm._src.reference import epilogue, matmul_f32
+from jax_distgemm._src.reference import epilogue
 from jax_distgemm._src.schedules import Schedule
-
-
-def _dot(a, b):
-  return matmul_f32(fp8.dense(a, "x"), fp8.dense(b, "w"))
 
 
 def _shift(x, axis_name, tp: int, offset: int):
@@ -74,7 +70,7 @@ def _all_gather(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype,
     # delivers it (device s sends its shard to (s - i) % tp for stage i).
     nxt = _shift(cur, axis_name, tp, -1) if i + 1 < tp else None
     tile = schedules.output_tile(schedule, d, i, tp)
-    acc = _dot(cur, w) if rotating_a else _dot(x, cur)
+    acc = fp8.ring_matmul(cur, w) if rotating_a else fp8.ring_matmul(x, cur)
     ct = None if c is None else lax.dynamic_slice_in_dim(c, tile * block, block, axis)
     y = epilogue(acc, ct, alpha=alpha, beta=beta, out_dtype=out_dtype)
     out = lax.dynamic_update_slice_in_dim(out, y, tile * block, axis)
@@ -92,10 +88,10 @@ def _reduce_scatter(x, w, c, *, axis_name, tp, schedule, alpha, beta, out_dtype)
     tile = schedules.output_tile(schedule, d, i, tp)
     if tiling_a:
       block = fp8.values_of(x).shape[-2] // tp
-      acc = _dot(fp8.slice_rows(x, tile * block, block), w)
+      acc = fp8.ring_matmul(fp8.slice_rows(x, tile * block, block), w)
     else:
       block = fp8.values_of(w).shape[-1] // tp
-      acc = _dot(x, fp8.slice_cols(w, tile * block, block))
+      acc = fp8.ring_matmul(x, fp8.slice_cols(w, tile * block, block))
     if running is not None:
       acc = acc + running
     if i + 1 < tp:
