@@ -140,13 +140,12 @@ class CodebaseTest(absltest.TestCase):
       self.assertRegex(docs, rf"`{name}` \(", f"{name} has no one-line bullet")
 
   def test_comments_say_why_not_when(self):
-    bad = re.compile(r"performance\.md|found in a review|[Ss]ession [0-9]|"
+    # The issue's `git grep` pattern, written so that this line does not match it.
+    bad = re.compile(r"performance\.md|found in a [r]eview|[Ss]ession [0-9]|"
                      r"20[0-9]{2}-[01][0-9]-[0-3][0-9]")
     hits = []
     for top in ("cc", "jax_distgemm", "tests", "examples", "tools"):
       for path in _files(os.path.join(REPO, top), (".cc", ".h", ".cu", ".cuh", ".py", ".sh")):
-        if os.path.abspath(path) == os.path.abspath(__file__):
-          continue  # the pattern itself
         for i, line in enumerate(open(path, encoding="utf-8"), 1):
           if bad.search(line):
             hits.append(f"{os.path.relpath(path, REPO)}:{i}")
