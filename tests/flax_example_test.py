@@ -37,7 +37,8 @@ def run_example(args=(), timeout=BUDGET_S * 2):
 class FlaxExampleTest(parameterized.TestCase):
 
   # fp8: the one-device model does not quantize, so the curves agree to the example's 5e-2.
-  @parameterized.parameters(("auto", "none", 1e-3), ("xla", "none", 1e-3), ("auto", "block", 5e-2))
+  # (A failed comparison is reported: example_test's nan-loss case; the ring: nnx_test.)
+  @parameterized.parameters(("auto", "none", 1e-3), ("auto", "block", 5e-2))
   def test_losses_match_the_one_device_model(self, implementation, fp8, rtol):
     sizes = ["--d-model=128", "--d-ff=512"] if fp8 == "block" else []  # whole 128-blocks
     proc, seconds = run_example([f"--implementation={implementation}", f"--fp8={fp8}", *sizes])
@@ -56,22 +57,9 @@ class FlaxExampleTest(parameterized.TestCase):
     self.assertIn("Disposition: Passed", out)
     fused = int(re.search(r"HLO: (\d+) fused collective matmuls", out).group(1))
     # auto picks the CPU executor: 2 forward + 2 backward fused ops; with fp8 the forward runs
-    # XLA's collectives (no fused fp8 call yet) and the backward the fused bf16 ones; xla: the
-    # ppermute ring.
-    want = {("auto", "none"): 4, ("auto", "block"): 2, ("xla", "none"): 0}
+    # XLA's collectives (no fused fp8 call yet) and the backward the fused bf16 ones.
+    want = {("auto", "none"): 4, ("auto", "block"): 2}
     self.assertEqual(fused, want[implementation, fp8], out)
-
-  def test_failure_is_reported(self):
-    # An impossible tolerance must make the example fail (its check can fail).
-    proc, _ = run_example(["--rtol=0", "--steps=3", "--implementation=xla"])
-    rows = re.findall(rf"^\s*(\d+)\s+{FLOAT}\s+{FLOAT}\s+([0-9.e+-]+)", proc.stdout, flags=re.M)
-    self.assertLen(rows, 3, proc.stdout)  # one per step, else the branch below proves nothing
-    if all(float(r[3]) == 0.0 for r in rows):  # bit-identical curves: rtol=0 passes honestly
-      self.assertIn("Disposition: Passed", proc.stdout)
-      self.assertEqual(proc.returncode, 0)
-    else:
-      self.assertIn("Disposition: Failed", proc.stdout)
-      self.assertEqual(proc.returncode, 1)
 
   def test_bad_arguments(self):
     proc, _ = run_example(["--tp=3"])

@@ -109,9 +109,9 @@ class Fp8ScheduleTest(parameterized.TestCase):
   def test_every_schedule_and_implementation(self, schedule, scaling, implementation):
     self.check(schedule, 4, scaling, implementation)
 
-  @parameterized.product(schedule=SCHEDULES, tp=[1, 2, 8])
+  @parameterized.product(schedule=SCHEDULES, tp=[1, 8])  # 2 and 4: the other cases
   def test_every_tp_by_default(self, schedule, tp):
-    self.check(schedule, tp, "block" if tp % 2 else "tensor")
+    self.check(schedule, tp, "block" if tp == 1 else "tensor")
 
   @parameterized.parameters(*SCHEDULES)
   def test_batch_and_epilogue(self, schedule):
@@ -138,7 +138,7 @@ class Fp8ScheduleTest(parameterized.TestCase):
 class Fp8GradTest(parameterized.TestCase):
   """fp8=: the forward multiplies quantized operands; the gradient is the unquantized op's."""
 
-  @parameterized.product(schedule=SCHEDULES, scaling=["tensor", "block"])
+  @parameterized.parameters(*zip(SCHEDULES, ("tensor", "block") * 2))
   def test_straight_through(self, schedule, scaling):
     tp = 2
     mesh = test_util.mesh_1d(tp)
