@@ -225,8 +225,8 @@ def choose_fp8(implementation: str | None, vmapped: bool) -> str:
   """The implementation of an fp8 call: XLA's, until the custom call takes fp8."""
   name = requested(implementation)
   if name == "ffi":
-    raise ValueError("implementation='ffi': the fused call does not take fp8 operands yet; "
-                     "use implementation=None, 'reference' or 'xla'")
+    raise NotImplementedError("jax_distgemm implementation='ffi': the fused call does not take "
+                              "fp8 operands yet; use implementation=None, 'reference' or 'xla'")
   return name or ("xla" if vmapped else "reference")
 
 
