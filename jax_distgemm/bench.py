@@ -1,25 +1,26 @@
 """Benchmark of jax_distgemm's collective matmuls against the ideal and XLA's own ways.
 
-A case is a schedule and a global x [L, M, K] @ w [L, K, N] over TP devices. Its rows: ideal (an
-XLA dot of one device's share of the FLOPs, no communication), ffi (ours, implementation="ffi"),
-auto (implementation=None, what users get by default), reference (all_gather + dot / dot +
-psum_scatter), xla (the ppermute ring) and windowed_einsum (the reference formulation left to
-XLA's SPMD partitioner with WINDOWED_EINSUM_FLAGS, in a child process; GPU only). Efficiency =
-ideal / ours; speedup = best of (reference, xla, windowed_einsum) / ours. ffi, auto and xla are
-checked against reference (relative Frobenius error <= --eps, else the case FAILs and the exit
-status is 1); a row that cannot run a case says why. --local-gemm also times one stage's GEMM,
-XLA's dot against ours (the fused op at TP=1 on one device): XLA / ours.
+A case is a schedule and a global x [L, M, K] @ w [L, K, N] over TP devices. Rows: ideal (an XLA
+dot of one device's share of the FLOPs, no communication), ffi (ours), auto (implementation=None,
+what users get), reference (all_gather + dot / dot + psum_scatter), xla (the ppermute ring),
+windowed_einsum (the reference formulation left to XLA's SPMD partitioner with
+WINDOWED_EINSUM_FLAGS, in a child process; GPU only). Efficiency = ideal / ours; speedup = best
+of (reference, xla, windowed_einsum) / ours. ffi, auto and xla are checked against reference
+(relative Frobenius error <= --eps, else the case FAILs, exit status 1); a row that cannot run
+says why. --local-gemm also times one stage's GEMM: XLA's dot / ours (the op at TP=1).
+--dtype fp8: each device quantizes its shards (--scaling, bf16 output) before timing; the ideal
+is XLA's scaled fp8 dot.
 
 Timing: compile, warm up, then --repeats rounds in which every row runs N back-to-back calls
-(N for ~30 ms, or --iterations), in a new shuffled order each round; the median is reported.
-Inputs are fresh normal data rotated over enough sets to exceed twice the L2 (--l2-mb).
-Without a GPU it runs tiny shapes on fake CPU devices: a smoke test, not a measurement.
-Progress goes to stderr, the table to stdout.
+(N for ~30 ms, or --iterations) in a new shuffled order; the median is reported. Inputs are
+fresh normal data rotated over enough sets to exceed twice the L2 (--l2-mb). Without a GPU it
+runs tiny shapes on fake CPU devices: a smoke test. Progress goes to stderr, the table to stdout.
 
 Usage (by default the seed's shape, AG-RotA):
   python -m jax_distgemm.bench --m 8192 --n 28672 --k 8192 --schedule RS-TilA
   python -m jax_distgemm.bench --suite --local-gemm --json out.json --plot out.png
   python -m jax_distgemm.bench --suite small --list  # decode and small-batch cases, not run
+  python -m jax_distgemm.bench --suite --dtype fp8 --scaling block
 """
 
 from __future__ import annotations
@@ -43,15 +44,18 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jax_distgemm
 from jax_distgemm import ffi as ffi_modules
-from jax_distgemm._src import cli, reference, validation
+from jax_distgemm._src import cli, fp8, validation
 from jax_distgemm._src.schedules import Schedule
+from jax_distgemm.bench_cases import CPU_SCALE, CPU_SHAPE, SEED_SHAPE, SHORT_NAMES, SUITES
+from jax_distgemm.bench_cases import Case, suite
+from jax_distgemm.bench_cases import distributed_fn, dot_fn, draw_inputs
 
 AG_A, AG_B, RS_A, RS_B = Schedule
-SHORT_NAMES = {AG_A: "AG-RotA", AG_B: "AG-RotB", RS_A: "RS-TilA", RS_B: "RS-TilB"}
 
 ROWS = ("ideal", "ffi", "auto", "reference", "xla", "windowed_einsum")  # the child's is last
 IMPLEMENTATIONS = {"ffi": "ffi", "auto": None, "reference": "reference", "xla": "xla"}
@@ -61,126 +65,12 @@ WINDOWED_EINSUM_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0",
                          "--xla_gpu_multi_streamed_windowed_einsum=true")
 CHILD_FLAG = "--_windowed-einsum-child"
 
-# (M, K, N) global. The seed's shape is CUTLASS example 65's sample command.
-SEED_SHAPE = (16384, 16384, 106496)
-STANDARD_SHAPES = ((8192, 8192, 28672), (4096, 8192, 8192), SEED_SHAPE, (8192, 4096, 4096),
-                   (2048, 8192, 8192))
-# Standard: every shape for AG-RotA and RS-TilA, the seed's for the other two. Small: decode and
-# small-batch calls, square 8192 layers at three token counts and a 70B-like MLP's up projection
-# (AllGather) and down projection (ReduceScatter) at 64 tokens.
-SQUARE_8192 = tuple((tokens, 8192, 8192) for tokens in (64, 256, 1024))
-SUITES = {"standard": {AG_A: STANDARD_SHAPES, RS_A: STANDARD_SHAPES, AG_B: (SEED_SHAPE,),
-                       RS_B: (SEED_SHAPE,)},
-          "small": {AG_A: SQUARE_8192 + ((64, 8192, 28672),),
-                    RS_A: SQUARE_8192 + ((64, 28672, 8192),)}}
-CPU_SHAPE = (256, 128, 512)
-CPU_SCALE = {"standard": 64, "small": 16}  # on CPU a suite's dimensions are divided by these
 # The small suite's calls take 20-100 us: one dispatch per call would time the host, not the GPU.
 SMALL_CALLS_PER_PROGRAM = 16
 TARGET_REPEAT_MS = 30.0
-MAX_SETS, SET_BUDGET_BYTES = 32, 8 * 2**30  # a row's rotating input sets, and their bytes
 # --dtype: the array dtype and the default --eps.
-DTYPES = {"bf16": ("bfloat16", 1e-2), "fp16": ("float16", 2e-3), "fp32": ("float32", 1e-3)}
-
-
-def suite(name: str, scale: int = 1) -> list[tuple[Schedule, int, int, int]]:
-  """(schedule, M, K, N) of a named suite, each dimension divided by `scale`."""
-  return [(s, m // scale, k // scale, n // scale) for s, shapes in SUITES[name].items()
-          for m, k, n in shapes]
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-  """One problem: global x [L, M, K] @ w [L, K, N] (no L dim when L == 1) over TP devices."""
-
-  schedule: Schedule
-  m: int
-  k: int
-  n: int
-  l: int = 1
-  tp: int = 2
-  dtype: str = "bfloat16"
-  alpha: float = 1.0
-  beta: float = 0.0
-
-  @property
-  def label(self) -> str:
-    batch = f" L={self.l}" if self.l > 1 else ""
-    return f"{SHORT_NAMES[self.schedule]} {self.m},{self.k},{self.n}{batch}"
-
-  def specs(self):  # (x, w, out) over mesh axis "tp"
-    return self.schedule.partition_specs("tp", (None,) * (self.l > 1), w_batched=True)
-
-  def shapes(self, which: str):
-    """(x, w, out) shapes: "global", "ideal" (one device's share of the FLOPs, no
-    communication) or "stage" (the local GEMM of one of the fused op's TP stages)."""
-    m, k, n, tp = self.m, self.k, self.n, self.tp
-    m, k, n = {
-        "global": {s: (m, k, n) for s in Schedule},
-        "ideal": {AG_A: (m, k, n // tp), AG_B: (m // tp, k, n), RS_A: (m, k // tp, n),
-                  RS_B: (m, k // tp, n)},
-        "stage": {AG_A: (m // tp, k, n // tp), AG_B: (m // tp, k, n // tp),
-                  RS_A: (m // tp, k // tp, n), RS_B: (m, k // tp, n // tp)},
-    }[which][self.schedule]
-    b = (self.l,) if self.l > 1 else ()
-    return b + (m, k), b + (k, n), b + (m, n)
-
-  def invalid_reason(self) -> str | None:
-    dims = {AG_A: "MN", AG_B: "MN", RS_A: "KM", RS_B: "KN"}[self.schedule]  # what TP splits
-    bad = [f"{d}={v}" for d in dims if (v := getattr(self, d.lower())) % self.tp]
-    return f"{', '.join(bad)} not divisible by TP={self.tp}" if bad else None
-
-
-@functools.lru_cache(maxsize=64)
-def _normal(shape, dtype, scale, sharding):
-  return jax.jit(lambda key: (jax.random.normal(key, shape) * scale).astype(dtype),
-                 out_shardings=sharding)
-
-
-def draw_inputs(case: Case, key, which: str, shardings, l2_bytes: int) -> list[tuple]:
-  """Rotating input sets (x, w[, c]) of `case`'s `which` shapes, placed by `shardings` (x, w, out).
-
-  Normal data drawn on the devices, never zeros; w is scaled by 1/sqrt(K) so outputs are O(1);
-  c (fp32) only when beta != 0. Enough sets to exceed twice the L2 per device, and at least two,
-  so that a call never reads what the previous one left in cache. A dtype with scales adds them
-  here, after x and w, and to the timed functions' arguments.
-  """
-  xs, ws, cs = case.shapes(which)
-
-  def one(i):
-    kx, kw, kc = jax.random.split(jax.random.fold_in(key, i), 3)
-    s = (_normal(xs, case.dtype, 1.0, shardings[0])(kx),
-         _normal(ws, case.dtype, 1 / math.sqrt(xs[-1]), shardings[1])(kw))
-    return s + ((_normal(cs, "float32", 1.0, shardings[2])(kc),) if case.beta != 0 else ())
-
-  first = one(0)
-  per_device = sum(a.addressable_shards[0].data.nbytes for a in first)
-  count = min(max(2, math.ceil(2 * l2_bytes / per_device)), MAX_SETS,
-              SET_BUDGET_BYTES // per_device)
-  return jax.block_until_ready([first] + [one(i) for i in range(1, count)])
-
-
-def _distributed_fn(case: Case, mesh: Mesh, implementation: str | None):
-  body = functools.partial(jax_distgemm.distributed_matmul, axis_name="tp",
-                           schedule=case.schedule, alpha=case.alpha, beta=case.beta,
-                           out_dtype=case.dtype, implementation=implementation)
-  specs = case.specs()
-  return jax.shard_map(body, mesh=mesh, in_specs=specs[:2 + (case.beta != 0)], out_specs=specs[2])
-
-
-def _dot_fn(case: Case, out_sharding=None):
-  """XLA's GEMM with the case's epilogue: on one device (the ideal; XLA's side of --local-gemm),
-  or on global arrays, the output constrained to `out_sharding` and the rest left to XLA's SPMD
-  partitioner (what the windowed-einsum flags rewrite)."""
-  def f(x, w, *c):
-    if case.alpha == 1.0 and not c and out_sharding is None:  # one plain dot, as in a layer
-      return jnp.matmul(x, w, preferred_element_type=case.dtype)
-    acc = reference.matmul_f32(x, w)
-    if out_sharding is not None:
-      acc = jax.lax.with_sharding_constraint(acc, out_sharding)
-    return reference.epilogue(acc, *(c or (None,)), alpha=case.alpha, beta=case.beta,
-                              out_dtype=case.dtype)
-  return f
+DTYPES = {"bf16": ("bfloat16", 1e-2), "fp16": ("float16", 2e-3), "fp32": ("float32", 1e-3),
+          "fp8": ("float8_e4m3fn", 1e-2)}
 
 
 @jax.jit
@@ -276,17 +166,17 @@ def measure_case(case: Case, index: int, devices, names, args, log) -> dict:
         rows[name], timed[name] = {"status": "ok"}, t
 
   mesh, one = Mesh(np.array(devices), ("tp",)), Mesh(np.array(devices[:1]), ("tp",))
-  single = (NamedSharding(one, PartitionSpec()),) * 3
+  single = (NamedSharding(one, P()),) * 3
   on_mesh = [NamedSharding(mesh, s) for s in case.specs()]
   add(0, case, "global", on_mesh, {
-      **{n: functools.partial(_distributed_fn, case, mesh, i) for n, i in IMPLEMENTATIONS.items()},
-      "windowed_einsum": lambda: _dot_fn(case, on_mesh[2])})
-  add(1, case, "ideal", single, {"ideal": lambda: _dot_fn(case)})
+      **{n: functools.partial(distributed_fn, case, mesh, i) for n, i in IMPLEMENTATIONS.items()},
+      "windowed_einsum": lambda: dot_fn(case, on_mesh[2])})
+  add(1, case, "ideal", single, {"ideal": lambda: dot_fn(case)})
   # Our stage GEMM alone: the fused op at TP=1 on one device, whose schedule is then exactly
   # one stage GEMM (tuned like every stage), with no peers to wait for.
   stage = dataclasses.replace(case, alpha=1.0, beta=0.0)
-  add(2, stage, "stage", single, {"local_xla": lambda: _dot_fn(stage), "local_ours": lambda: (
-      _distributed_fn(dataclasses.replace(stage, schedule=AG_A),
+  add(2, stage, "stage", single, {"local_xla": lambda: dot_fn(stage), "local_ours": lambda: (
+      distributed_fn(dataclasses.replace(stage, schedule=AG_A),
                       one, "ffi"))})
   hlo = {n: timed[n].call.as_text() for n in ("auto", "windowed_einsum") if n in timed}
   if "auto" in hlo:  # which implementation auto chose, from the compiled program
@@ -379,6 +269,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  "(default AG-RotA; with --suite, that schedule's cases of the suite)")
   p.add_argument("--tp", type=positive, default=2, help="tensor-parallel size (default 2)")
   p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="default bf16")
+  p.add_argument("--scaling", choices=fp8.SCALINGS, help="fp8 scales: per tensor (default) or "
+                 "in blocks (1x128 of x, 128x128 of w)")
   p.add_argument("--suite", nargs="?", const="standard", choices=SUITES, help="a suite of "
                  "shapes: 'standard' (default) or 'small' (decode, small batches); smaller on CPU")
   p.add_argument("--warmup-iterations", type=count, default=5, help="warm-up calls (default 5)")
@@ -401,6 +293,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.suite and (args.m or args.n or args.k):
     p.error("--suite runs its own shapes: drop --m/--n/--k")
+  if args.scaling and args.dtype != "fp8":
+    p.error("--scaling: only with --dtype fp8")
+  args.scaling = (args.scaling or "tensor") if args.dtype == "fp8" else None
   args.dtype, eps = DTYPES[args.dtype]
   args.eps = eps if args.eps is None else args.eps
   names = ({s.name.lower(): [s] for s in Schedule} | {"all": list(Schedule)} |
@@ -430,7 +325,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def resolve_cases(args, platform: str) -> list[Case]:
   """The suite's cases (of --schedule, if given) or one per schedule; scaled down on CPU."""
-  common = dict(l=args.l, tp=args.tp, dtype=args.dtype, alpha=args.alpha, beta=args.beta)
+  common = dict(l=args.l, tp=args.tp, dtype=args.dtype, alpha=args.alpha, beta=args.beta,
+                scaling=args.scaling)
   if args.suite:
     scale = CPU_SCALE[args.suite] if platform == "cpu" else 1
     cases = [Case(s, m, k, n, **common) for s, m, k, n in suite(args.suite, scale)
