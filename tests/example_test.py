@@ -113,8 +113,7 @@ class ExampleTest(parameterized.TestCase):
     self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
     self.assertIn("M=66 must be divisible by TP=4", proc.stderr)
 
-  @parameterized.parameters(("--alpha", "nan"), ("--alpha", "inf"), ("--alpha", "1e39"),
-                            ("--alpha", "-inf"), ("--beta", "nan"))
+  @parameterized.parameters(("--alpha", "1e39"), ("--beta", "nan"))  # float32 overflow, NaN
   def test_non_finite_alpha_beta_are_usage_errors(self, flag, value):
     proc = run_example(["--tp=2", f"{flag}={value}", *SMALL])
     self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)

@@ -442,7 +442,7 @@ class Fp8LayerTest(parameterized.TestCase):
     super().setUp()
     self.mesh = make_mesh(test_util.cpu_devices(4), (1, 4))
 
-  @parameterized.product(layer=LAYERS, fp8=["tensor", "block"])
+  @parameterized.parameters(("column", "tensor"), ("row", "block"))
   def test_forward_quantized_grads_straight_through(self, layer, fp8):
     d_in, d_out = (128, 512) if layer == "column" else (512, 128)  # whole 128-blocks per shard
     x = random_x(1, (2, 16, d_in))
