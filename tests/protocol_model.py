@@ -763,6 +763,11 @@ class Model:
   def checking(self, error):
     return self.config.strict_after_timeout or not error
 
+  def stale(self, nx, slot_dev, key, want_src, e, cgen):
+    """(what the slot holds, what call e expects there) where they differ, else None."""
+    have, want = nx.slot(slot_dev, self.parity(e), key), (want_src, e, cgen)
+    return None if have == want else (have, want)
+
   # -- Successors --------------------------------------------------------------------------------
 
   def successors(self, s, por=True):
@@ -945,13 +950,11 @@ class Model:
                      f"{_w(word)} = {value}, written before the reset")
         elif read is not None and self.checking(error):
           slot_dev, key, want_src = read
-          par = self.parity(e)
-          have = nx.slot(slot_dev, par, key)
-          want = (want_src, e, cgen)
-          if have != want:
+          if stale := self.stale(nx, slot_dev, key, want_src, e, cgen):
+            have, want = stale
             nx.violate(1, f"device {d} call {k} (epoch {e}) stage {stage} passed its wait on "
-                       f"{_w(word)} = {value}, but slot {_k(key)}[parity {par}] of device "
-                       f"{slot_dev} holds {_tag(have)}, not {_tag(want)}")
+                       f"{_w(word)} = {value}, but slot {_k(key)}[parity {self.parity(e)}] of "
+                       f"device {slot_dev} holds {_tag(have)}, not {_tag(want)}")
         nx.advance(d, stream)
         out.append((label, nx.pack(), nx.viol))
       elif self.timeouts_allowed(cgen):
@@ -970,13 +973,11 @@ class Model:
       _, wkey, read, stage, src = step
       if read is not None and (k, stage) not in dv[TMO] and self.checking(error):
         slot_dev, key, want_src = read
-        par = self.parity(e)
-        have = nx.slot(slot_dev, par, key)
-        want = (want_src, e, cgen)
-        if have != want:
+        if stale := self.stale(nx, slot_dev, key, want_src, e, cgen):
+          have, want = stale
           nx.violate(2, f"device {d} call {k} (epoch {e}) stage {stage}: slot {_k(key)}"
-                     f"[parity {par}] of device {slot_dev} was overwritten with {_tag(have)} "
-                     f"between the wait and the GEMM that reads {_tag(want)}")
+                     f"[parity {self.parity(e)}] of device {slot_dev} was overwritten with "
+                     f"{_tag(have)} between the wait and the GEMM that reads {_tag(want)}")
       if wkey is not None:
         nx.write_slot(d, d, self.parity(e), wkey, tag, k)
       label = (d, stream, f"call {k} e{e}: GEMM" +
@@ -995,10 +996,9 @@ class Model:
         nx.violate(4, f"device {d} pushes from call {k}'s input after the call returned")
       if own_read is not None and self.checking(error):
         okey, want_src = own_read
-        have = nx.slot(d, self.parity(e), okey)
-        if have != (want_src, e, cgen):
+        if stale := self.stale(nx, d, okey, want_src, e, cgen):
           nx.violate(1, f"device {d} call {k} pushes its slot {_k(okey)}, which holds "
-                     f"{_tag(have)}, not {_tag((want_src, e, cgen))}")
+                     f"{_tag(stale[0])}, not {_tag(stale[1])}")
       nx.write_slot(d, target, self.parity(e), key, tag, k)
       nx.write_flag(d, target, word, e, cgen)
       nx.advance(d, stream)
@@ -1018,10 +1018,9 @@ class Model:
         nx.violate(4, f"device {d} copies slot {_k(key)} into call {k}'s gathered result "
                    f"after the call returned")
       elif (k, stage) not in dv[TMO] and self.checking(error):
-        have = nx.slot(d, self.parity(e), key)
-        if have != (want_src, e, cgen):
+        if stale := self.stale(nx, d, key, want_src, e, cgen):
           nx.violate(1, f"device {d} call {k} copies slot {_k(key)} into the gathered result "
-                     f"holding {_tag(have)}, not {_tag((want_src, e, cgen))}")
+                     f"holding {_tag(stale[0])}, not {_tag(stale[1])}")
       nx.advance(d, stream)
       return [((d, stream, f"call {k} e{e}: " + (f"mark {_w(guard)}>={e} seen, " if guard
                 else "") + f"copy slot {_k(key)} into gathered", src), nx.pack(), nx.viol)]
