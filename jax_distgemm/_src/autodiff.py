@@ -294,14 +294,15 @@ _matmul_with_operand_dense.defvjp(_fwd_with_operand_dense, _bwd_with_operand)
 # backward is the unquantized call's (straight through the quantizer): the dual schedule in the
 # operands' own dtype.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _fp8_matmul(x, w, c, params: Params, scaling: str, name: str):
+def quantized_matmul(x, w, c, params: Params, scaling: str, name: str):
+  """The differentiable per-shard op with fp8=`scaling`, run by implementation `name`."""
   xq, sx = fp8.quantize(x, scaling, operand="x")
   wq, sw = fp8.quantize(w, scaling, operand="w")
   return implementation.run_fp8(xq, sx, wq, sw, c, params, name)
 
 
 def _fp8_fwd(x, w, c, params, scaling, name):
-  return _fp8_matmul(x, w, c, params, scaling, name), _residuals(x, w, c)
+  return quantized_matmul(x, w, c, params, scaling, name), _residuals(x, w, c)
 
 
 def _fp8_bwd(params, scaling, name, res, g):
@@ -309,12 +310,7 @@ def _fp8_bwd(params, scaling, name, res, g):
   return _bwd(params, res, g)
 
 
-_fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
-
-
-def quantized_matmul(x, w, c, params: Params, scaling: str, name: str):
-  """The differentiable per-shard op with fp8=`scaling`, run by implementation `name`."""
-  return _fp8_matmul(x, w, c, params, scaling, name)
+quantized_matmul.defvjp(_fp8_fwd, _fp8_bwd)
 
 
 def matmul(x, w, c, params: Params):
