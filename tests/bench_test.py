@@ -217,8 +217,8 @@ class BenchRunTest(absltest.TestCase):
 
 @pytest.mark.slow
 class Fp8RunTest(absltest.TestCase):
-  """--dtype fp8: each device quantizes its shards; the XLA rows run and are checked, ffi says why
-  it cannot (no fused fp8 call yet); block scaling refuses shapes without whole blocks."""
+  """--dtype fp8: each device quantizes its shards; every row runs and is checked (ffi: the CPU
+  executor's fp8 target); block scaling refuses shapes without whole blocks."""
 
   def test_block_scaled_run(self):
     with tempfile.TemporaryDirectory() as tmp:
@@ -233,13 +233,11 @@ class Fp8RunTest(absltest.TestCase):
     for case in data["cases"]:
       rows = case["rows"]
       self.assertEqual(case["case"]["scaling"], "block")
-      self.assertEqual(rows["ffi"]["status"], "unsupported")
-      self.assertIn("does not take fp8 operands", rows["ffi"]["reason"])
-      for name in ("ideal", "auto", "reference", "xla"):
+      for name in ("ideal", "ffi", "auto", "reference", "xla"):
         self.assertGreater(rows[name]["ms"], 0, name)
-      for name in ("auto", "xla"):
+      for name in ("ffi", "auto", "xla"):
         self.assertLessEqual(rows[name]["rel_err"], case["eps"], name)
-      self.assertEqual(rows["auto"]["resolved"], "reference")
+      self.assertEqual(rows["auto"]["resolved"], "ffi")  # None on CPU: the executor
 
   def test_usage(self):
     proc = run_bench([*TINY, "--scaling", "block"])

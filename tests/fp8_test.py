@@ -7,6 +7,9 @@ moves a shard must move its scales with it: a scale left behind multiplies the w
 
 import test_util  # noqa: I001  (first: requests the 8 fake CPU devices)
 
+import os
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,12 +91,26 @@ class QuantizeTest(parameterized.TestCase):
       jd.quantize(jnp.ones(shape), **kwargs)
 
 
+def ranged(x, w, tp: int):
+  """x and w with every shard in a range of its own (x by row and K block, w by K and column
+  block), so that a scale applied to another shard's values is far off."""
+  def ramp(n, base):
+    return base ** (np.arange(n) * tp // n).astype(np.float32)
+
+  *_, m, k = x.shape
+  n = w.shape[-1]
+  x = x * ramp(m, 4.0)[:, None] * ramp(k, 2.0)
+  w = w * ramp(k, 2.0)[:, None] * ramp(n, 4.0)
+  return x, w
+
+
 class Fp8ScheduleTest(parameterized.TestCase):
 
   def check(self, schedule, tp, scaling, implementation=None, batch=0, epilogue=False):
     x_shape, w_shape = shapes(tp, batch)
     x, w, _ = test_util.random_inputs(test_util.seed_of(schedule, tp, scaling), x_shape,
                                       w_shape, jnp.float32)
+    x, w = ranged(x, w, tp)
     c, alpha, beta = None, 1.0, 0.0
     if epilogue:
       out_global = x_shape[:-1] + (w_shape[-1],)
@@ -111,13 +128,23 @@ class Fp8ScheduleTest(parameterized.TestCase):
   def test_every_schedule_and_implementation(self, schedule, scaling, implementation):
     self.check(schedule, 4, scaling, implementation)
 
+  @parameterized.product(schedule=SCHEDULES, scaling=["tensor", "block"])
+  def test_fused_call(self, schedule, scaling):
+    self.check(schedule, 4, scaling, "ffi")  # the CPU executor, scales in its rotation
+
+  @parameterized.parameters("tensor", "block")
+  def test_fused_call_reduce_scatter_by_gathering(self, scaling):
+    # The executor's other ReduceScatter path: each stage reads a peer's x rows and w.
+    self.enter_context(mock.patch.dict(os.environ, {"JAX_DISTGEMM_RS_PATH": "gather"}))
+    self.check(Schedule.ReduceScatter1D_TilingA_RotatingC, 4, scaling, "ffi")
+
   @parameterized.product(schedule=SCHEDULES, tp=[1, 8])  # 2 and 4: the other cases
   def test_every_tp_by_default(self, schedule, tp):
-    self.check(schedule, tp, "block" if tp == 1 else "tensor")
+    self.check(schedule, tp, "block" if tp == 1 else "tensor")  # None: the CPU executor
 
-  @parameterized.parameters(*SCHEDULES)
-  def test_batch_and_epilogue(self, schedule):
-    self.check(schedule, 2, "block", "xla", batch=2, epilogue=True)
+  @parameterized.product(schedule=SCHEDULES, implementation=["xla", "ffi"])
+  def test_batch_and_epilogue(self, schedule, implementation):
+    self.check(schedule, 2, "block", implementation, batch=2, epilogue=True)
 
   def test_a_scale_left_behind_is_caught(self):
     # The same check with one device's scale replaced must fail: the test can fail.
@@ -135,6 +162,40 @@ class Fp8ScheduleTest(parameterized.TestCase):
     out, xd, wd = run(schedule, x, w, tp=tp, scaling="block", out_dtype=None)
     self.assertEqual(out.dtype, jnp.bfloat16)  # the default for fp8 operands
     self.assertLess(test_util.rel_err(out, test_util.reference_np(xd, wd)), 1e-2)
+
+
+class Fp8VmapTest(parameterized.TestCase):
+
+  @parameterized.parameters("tensor", "block")
+  def test_vmap_over_the_fused_call(self, scaling):
+    # vmap outside shard_map: the primitive's batch rule gives operands and block scales a
+    # leading batch dim; per tensor, unmapped scales stay scalars (w is the same in each slice).
+    schedule, tp = Schedule.AllGather1D_TilingCD_RotatingB, 2
+    mesh = test_util.mesh_1d(tp)
+    xs, ws, os_ = test_util.specs(schedule, 0)
+    x = jax.random.normal(jax.random.key(1), (3, 64, 256), jnp.float32)
+    w = jax.random.normal(jax.random.key(2), (256, 256), jnp.float32)
+    wq, sw = jd.quantize(w, "tensor", operand="w") if scaling == "tensor" else (w, None)
+
+    def body(x, w, *sw):
+      xq, sx = jd.quantize(x, scaling, operand="x")
+      if sw:  # per tensor: the one quantized w, outside the vmap
+        wq, s = w, sw[0]
+      else:
+        wq, s = jd.quantize(w, scaling, operand="w")
+      out = jd.distributed_matmul(xq, wq, axis_name="tp", schedule=schedule, x_scale=sx,
+                                  w_scale=s, out_dtype=jnp.float32, implementation="ffi")
+      return out, jd.dequantize(xq, sx), jd.dequantize(wq, s, operand="w")
+
+    args, specs = (x, w), (xs, ws)
+    if scaling == "tensor":
+      args, specs = (x, wq, sw), (xs, ws, P())
+    f = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=(os_, xs, ws))
+    in_axes = (0, None) + ((None,) if scaling == "tensor" else ())
+    out, xd, wd = jax.jit(jax.vmap(f, in_axes=in_axes))(*args)
+    for b in range(3):
+      ref = test_util.reference_np(xd[b], wd[b] if wd.ndim == 3 else wd)
+      self.assertLess(test_util.rel_err(out[b], ref), F32_TOL)
 
 
 class Fp8GradTest(parameterized.TestCase):

@@ -33,6 +33,7 @@ from jax_distgemm import Schedule  # noqa: E402
 from jax_distgemm._src import config, cuda_rules, implementation  # noqa: E402
 from jax_distgemm._src import multiprocess, primitives  # noqa: E402
 from jax_distgemm._src import validation  # noqa: E402
+from jax_distgemm import ffi as ffi_modules  # noqa: E402
 
 AG_A = Schedule.AllGather1D_TilingCD_RotatingA
 AG_B = Schedule.AllGather1D_TilingCD_RotatingB
@@ -379,10 +380,15 @@ class ValidationTest(absltest.TestCase):
     with self.assertRaisesMsg(TypeError, "out_dtype: an fp8 call writes bfloat16 or float32"):
       trace(body, AG_A, (128, 256), (256, 512), jnp.float8_e4m3fn)
 
-  def test_fp8_ffi(self):
-    with self.assertRaisesMsg(NotImplementedError, "implementation='ffi': the fused call does "
-                              "not take fp8 operands yet"):
-      trace(dm(AG_A, fp8="tensor", implementation="ffi"), AG_A, (128, 256), (256, 512))
+  def test_fp8_ffi_on_cuda(self):
+    # The CUDA executor's fp8 kernels: block scaling of float8_e4m3fn only.
+    self.enter_context(mock.patch.object(implementation, "platform", return_value="cuda"))
+    self.enter_context(mock.patch.object(ffi_modules, "has_cuda", return_value=True))
+    body = dm(AG_A, x_scale=jnp.ones((32, 2), jnp.float32), implementation="ffi",
+              w_scale=jnp.ones((2, 1), jnp.float32))
+    with self.assertRaisesMsg(NotImplementedError, "x, w: float8_e5m2 x float8_e4m3fn is not "
+                              "built on CUDA"):
+      trace(body, AG_A, (128, 256), (256, 512), jnp.float8_e5m2, w_dtype=jnp.float8_e4m3fn)
 
   def test_bad_fp8(self):
     with self.assertRaisesMsg(ValueError, "fp8: expected 'tensor' or 'block', got 'rows'"):
@@ -783,6 +789,23 @@ class HandlerValidationTest(absltest.TestCase):
   def test_handler_unsupported_out_dtype(self):
     self.assertHandlerError("out: dtype must be bfloat16, float16 or float32", AG_A, (16, 8),
                             (8, 16), out_dtype=jnp.int32)
+
+  def test_handler_bad_fp8_scales(self):
+    # Past the Python checks (primitives.bind directly): the handler's own (problem.cc).
+    mesh = tu.mesh_1d(2)
+
+    def body(x, w):
+      (xq, sx), (wq, sw) = jd.quantize(x, "block"), jd.quantize(w, "block", operand="w")
+      return primitives.bind(xq, wq, None, schedule=AG_A, axis_name=("tp",), tp=2, alpha=1.0,
+                             beta=0.0, out_dtype=jnp.float32, timeout_ms=2000,
+                             x_scale=sx[:, :1], w_scale=sw)  # one K block's scales of two
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P()), out_specs=P("tp")))
+    with self.assertRaisesRegex(jax.errors.JaxRuntimeError, "INVALID_ARGUMENT: jax_distgemm: " +
+                                re.escape("x_scale, w_scale: expected both scalars (per-tensor "
+                                          "scaling) or block scales [..., 32, 2]")):
+      jax.block_until_ready(f(jnp.ones((64, 256)), jnp.ones((256, 256))))
+    self.assertProcessUsable()
 
   def test_handler_gathered_wrong_shape(self):
     # The primitive derives the gathered result's shape itself; a wrong one (patched here) must

@@ -25,6 +25,10 @@ NB_MODULE(_distgemm_cpu, m) {
     // The same handler, for calls that also return the gathered operand (primitives.py says
     // why they have a name of their own).
     d["jax_distgemm_gathered_v1"] = stages;
+    nb::dict fp8_stages;  // fp8 x and w with their scales: operands of their own
+    fp8_stages["instantiate"] = stages["instantiate"];
+    fp8_stages["execute"] = jax_distgemm::EncapsulateFfiHandler(jax_distgemm::DistGemmFp8Cpu);
+    d["jax_distgemm_fp8_v1"] = fp8_stages;
     return d;
   });
   m.def("types", []() {  // the FFI state types, for jax.ffi.register_ffi_type

@@ -59,12 +59,14 @@ inline std::vector<std::tuple<int, int, int, int, int>> ScheduleTableList(int sc
 // from the schedule.  Raises ValueError with MakeProblem's message where they do not fit.
 inline Problem LocalProblem(int schedule, int tp, const std::vector<int64_t>& x,
                             const std::vector<int64_t>& w, const std::string& in_dtype,
-                            const std::string& out_dtype) {
+                            const std::string& out_dtype, const std::string& scaling = "") {
   auto elem = [](const std::string& name) {
-    for (ElemType t : {ElemType::kBF16, ElemType::kF16, ElemType::kF32}) {
+    for (ElemType t : {ElemType::kBF16, ElemType::kF16, ElemType::kF32, ElemType::kF8E4M3,
+                       ElemType::kF8E5M2}) {
       if (name == ElemName(t)) return t;
     }
-    throw nanobind::value_error(("dtype: bfloat16, float16 or float32, got " + name).c_str());
+    throw nanobind::value_error(
+        ("dtype: bfloat16, float16, float32, float8_e4m3fn or float8_e5m2, got " + name).c_str());
   };
   const ElemType in = elem(in_dtype), out = elem(out_dtype);
   if (x.size() < 2 || w.size() < 2 || tp < 1) {
@@ -85,6 +87,11 @@ inline Problem LocalProblem(int schedule, int tp, const std::vector<int64_t>& x,
       static_cast<int>(w.size()), o.data(), static_cast<int>(o.size()), in, in, out,
       /*has_c=*/false, nullptr, 0, 1.f, 0.f, &p);
   if (!err.empty()) throw nanobind::value_error(err.c_str());
+  if (scaling == "tensor" || scaling == "block") {
+    p.scaling = scaling == "tensor" ? Scaling::kTensor : Scaling::kBlock;
+  } else if (!scaling.empty()) {
+    throw nanobind::value_error(("scaling: '', 'tensor' or 'block', got " + scaling).c_str());
+  }
   return p;
 }
 
@@ -118,16 +125,21 @@ inline void AddWorkspaceBindings(nanobind::module_& m) {
       "workspace_bytes",
       [](int schedule, int tp, const std::vector<int64_t>& x_shape,
          const std::vector<int64_t>& w_shape, const std::string& in_dtype,
-         const std::string& out_dtype, int override_path) -> uint64_t {
+         const std::string& out_dtype, int override_path,
+         const std::string& scaling) -> uint64_t {
         CheckRsPath(override_path);
         return WorkspaceBytes(
-            LocalProblem(schedule, tp, x_shape, w_shape, in_dtype, out_dtype), override_path);
+            LocalProblem(schedule, tp, x_shape, w_shape, in_dtype, out_dtype, scaling),
+            override_path);
       },
       nb::arg("schedule"), nb::arg("tp"), nb::arg("x_shape"), nb::arg("w_shape"),
       nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("override") = 0,
+      nb::arg("scaling") = "",
       "Bytes of symmetric workspace per device the CUDA executor needs for a call of `schedule` "
       "at `tp` on local operands of these shapes and dtypes (names: 'bfloat16', 'float16', "
-      "'float32'), with `override` as for rs_path.  ValueError where they do not make a call.");
+      "'float32', 'float8_e4m3fn', 'float8_e5m2'), with `override` as for rs_path; fp8: "
+      "`scaling` 'tensor' or 'block' (their scales travel in the slots).  ValueError where they "
+      "do not make a call.");
 }
 
 }  // namespace jax_distgemm

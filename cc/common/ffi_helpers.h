@@ -19,6 +19,8 @@ inline ElemType ToElemType(ffi::DataType t) {
     case ffi::DataType::BF16: return ElemType::kBF16;
     case ffi::DataType::F16: return ElemType::kF16;
     case ffi::DataType::F32: return ElemType::kF32;
+    case ffi::DataType::F8E4M3FN: return ElemType::kF8E4M3;
+    case ffi::DataType::F8E5M2: return ElemType::kF8E5M2;
     default: return ElemType::kUnsupported;
   }
 }
@@ -45,8 +47,9 @@ struct CallAttrs {
   int32_t rs_path;     // RsPath: the ReduceScatter path asked for, kRsAuto to choose per shape
 };
 
-// Decodes buffers + attributes into `problem`; the error names the argument at fault.
-inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+// Decodes buffers + attributes into `problem`, fp8 operands too (DecodeFp8Problem adds
+// their scales); the error names the argument at fault.
+inline ffi::Error DecodeOperands(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                 const ffi::AnyBuffer& c, const ffi::AnyBuffer& out,
                                 const CallAttrs& a, Problem* problem) {
   if (a.tp < 1 || a.tp > 1024) return InvalidArgument("tp: must be in [1, 1024]");
@@ -69,6 +72,34 @@ inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w
       ToElemType(out.element_type()), has_c, cd.begin(), static_cast<int>(cd.size()), a.alpha,
       a.beta, problem);
   if (!err.empty()) return InvalidArgument(err);
+  return ffi::Error::Success();
+}
+
+// DecodeOperands for the unscaled targets.
+inline ffi::Error DecodeProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                const ffi::AnyBuffer& c, const ffi::AnyBuffer& out,
+                                const CallAttrs& a, Problem* problem) {
+  if (ffi::Error e = DecodeOperands(x, w, c, out, a, problem); e.failure()) return e;
+  if (IsFp8(problem->in_type)) {
+    return InvalidArgument("x, w: fp8 operands go with their scales (the fp8 target)");
+  }
+  return ffi::Error::Success();
+}
+
+// DecodeProblem for the fp8 target: x and w fp8 with their fp32 scales (SetScales).
+inline ffi::Error DecodeFp8Problem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& x_scale,
+                                   const ffi::AnyBuffer& w, const ffi::AnyBuffer& w_scale,
+                                   const ffi::AnyBuffer& c, const ffi::AnyBuffer& out,
+                                   const CallAttrs& a, Problem* problem) {
+  Problem p;
+  if (ffi::Error e = DecodeOperands(x, w, c, out, a, &p); e.failure()) return e;
+  auto xs = x_scale.dimensions();
+  auto ws = w_scale.dimensions();
+  std::string err = SetScales(xs.begin(), static_cast<int>(xs.size()),
+                              ToElemType(x_scale.element_type()), ws.begin(),
+                              static_cast<int>(ws.size()), ToElemType(w_scale.element_type()), &p);
+  if (!err.empty()) return InvalidArgument(err);
+  *problem = p;
   return ffi::Error::Success();
 }
 

@@ -9,6 +9,8 @@ const char* ElemName(ElemType t) {
     case ElemType::kBF16: return "bfloat16";
     case ElemType::kF16: return "float16";
     case ElemType::kF32: return "float32";
+    case ElemType::kF8E4M3: return "float8_e4m3fn";
+    case ElemType::kF8E5M2: return "float8_e5m2";
     default: return "unsupported";
   }
 }
@@ -27,8 +29,10 @@ const char* ScheduleName(ScheduleKind s) {
 
 std::string CallSignature(const Problem& p) {
   std::ostringstream s;
-  s << ScheduleName(p.schedule) << " TP=" << p.tp << " " << ElemName(p.in_type) << "->"
-    << ElemName(p.out_type) << " x[" << p.batch << "," << p.xm << "," << p.xk << "] w["
+  s << ScheduleName(p.schedule) << " TP=" << p.tp << " " << ElemName(p.in_type);
+  if (p.w_type != p.in_type) s << "x" << ElemName(p.w_type);
+  if (p.scaling != Scaling::kNone) s << (p.scaling == Scaling::kTensor ? "/tensor" : "/block");
+  s << "->" << ElemName(p.out_type) << " x[" << p.batch << "," << p.xm << "," << p.xk << "] w["
     << (p.w_batched ? std::to_string(p.batch) + "," : std::string()) << p.wk << "," << p.wn
     << "] c=" << (p.has_c ? "yes" : "no") << " alpha=" << p.alpha << " beta=" << p.beta;
   return s.str();
@@ -61,9 +65,10 @@ MatrixView Problem::AView(int tile) const {
 }
 
 MatrixView Problem::BView(int tile) const {
-  MatrixView v{0, wn, w_batched ? wk * wn : 0};
-  if (schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC) v.offset = tile * sn();
-  return v;
+  const int64_t col = schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC ? tile * sn()
+                                                                                   : 0;
+  if (w_k_major) return MatrixView{col * wk, wk, w_batched ? wk * wn : 0};
+  return MatrixView{col, wn, w_batched ? wk * wn : 0};
 }
 
 MatrixView Problem::OutView(int tile) const {
@@ -82,6 +87,28 @@ int64_t Problem::GatheredRows() const {
 }
 int64_t Problem::GatheredWidth() const {
   return schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ? xm * xk : wn;
+}
+
+int64_t Problem::XScaleElems() const {
+  return scaling == Scaling::kBlock ? batch * xm * (xk / kScaleBlock) : 1;
+}
+int64_t Problem::WScaleElems() const {
+  return scaling == Scaling::kBlock ? (w_batched ? batch : 1) * (wk / kScaleBlock) *
+                                          (wn / kScaleBlock)
+                                    : 1;
+}
+
+MatrixView Problem::AScaleView(int tile) const {
+  const int64_t kb = xk / kScaleBlock;
+  return MatrixView{AView(tile).offset / xk * kb, kb, xm * kb};  // A's first row, its scales
+}
+
+MatrixView Problem::BScaleView(int tile) const {
+  const int64_t kb = wk / kScaleBlock, nb = wn / kScaleBlock;
+  const int64_t col_block =
+      schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC ? tile * sn() / kScaleBlock : 0;
+  if (w_k_major) return MatrixView{col_block * kb, kb, w_batched ? kb * nb : 0};
+  return MatrixView{col_block, nb, w_batched ? kb * nb : 0};
 }
 
 MatrixView Problem::PartialView() const { return MatrixView{0, sn(), sm() * sn()}; }
@@ -104,11 +131,13 @@ std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, in
     return "w: must have rank 2 or the rank of x (" + std::to_string(x_rank) + "), got " +
            Dims(w_dims, w_rank);
   if (x_type == ElemType::kUnsupported || w_type == ElemType::kUnsupported)
-    return "x, w: dtype must be bfloat16, float16 or float32";
-  if (x_type != w_type)
-    return std::string("x, w: dtypes must match, got ") + ElemName(x_type) + " and " +
-           ElemName(w_type);
-  if (out_type == ElemType::kUnsupported) return "out: dtype must be bfloat16, float16 or float32";
+    return "x, w: dtype must be bfloat16, float16 or float32 (or, with scales, float8_e4m3fn "
+           "or float8_e5m2)";
+  if (x_type != w_type && !(IsFp8(x_type) && IsFp8(w_type)))
+    return std::string("x, w: dtypes must match (or both be fp8), got ") + ElemName(x_type) +
+           " and " + ElemName(w_type);
+  if (out_type == ElemType::kUnsupported || IsFp8(out_type))
+    return "out: dtype must be bfloat16, float16 or float32";
 
   p->schedule = schedule;
   p->tp = tp;
@@ -127,6 +156,8 @@ std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, in
   p->wk = w_dims[w_rank - 2];
   p->wn = w_dims[w_rank - 1];
   p->in_type = x_type;
+  p->w_type = w_type;
+  p->scaling = Scaling::kNone;
   p->out_type = out_type;
   p->has_c = has_c;
   p->alpha = alpha;
@@ -168,6 +199,54 @@ std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, in
     if (!c_ok) return "c: must have the output's shape " + Dims(out_dims, out_rank) + ", got " +
                       Dims(c_dims, c_rank);
   }
+  return "";
+}
+
+std::string SetScales(const int64_t* xs_dims, int xs_rank, ElemType xs_type,
+                      const int64_t* ws_dims, int ws_rank, ElemType ws_type, Problem* p) {
+  if (!IsFp8(p->in_type) || !IsFp8(p->w_type)) {
+    return std::string("x, w: scaled operands must be float8_e4m3fn or float8_e5m2, got ") +
+           ElemName(p->in_type) + " and " + ElemName(p->w_type);
+  }
+  if (xs_type != ElemType::kF32 || ws_type != ElemType::kF32) {
+    return "x_scale, w_scale: must be float32";
+  }
+  if (p->out_type != ElemType::kBF16 && p->out_type != ElemType::kF32) {
+    return std::string("out: an fp8 call writes bfloat16 or float32, not ") +
+           ElemName(p->out_type);
+  }
+  if (xs_rank == 0 && ws_rank == 0) {
+    p->scaling = Scaling::kTensor;
+    return "";
+  }
+  std::ostringstream err;
+  if (p->xk % kScaleBlock != 0 || p->wn % kScaleBlock != 0) {
+    err << "x, w: block scaling needs K=" << p->xk << " and N=" << p->wn
+        << " to be multiples of " << kScaleBlock;
+    return err.str();
+  }
+  if (p->schedule == ScheduleKind::kReduceScatter1D_TilingB_RotatingC &&
+      p->sn() % kScaleBlock != 0) {
+    err << "w: block scaling with " << ScheduleName(p->schedule) << " needs N/TP=" << p->sn()
+        << " to be a multiple of " << kScaleBlock;
+    return err.str();
+  }
+  const int64_t kb = p->xk / kScaleBlock, nb = p->wn / kScaleBlock;
+  // x_scale: x's dims with K / 128 last; w_scale: w's batch dims, then [K / 128, N / 128].
+  bool ok = xs_rank >= 2 && xs_dims[xs_rank - 1] == kb && xs_dims[xs_rank - 2] == p->xm &&
+            ws_rank >= 2 && ws_dims[ws_rank - 2] == kb && ws_dims[ws_rank - 1] == nb &&
+            (ws_rank == 2) == !p->w_batched;
+  int64_t xs_batch = 1, ws_batch = 1;
+  for (int i = 0; ok && i < xs_rank - 2; ++i) xs_batch *= xs_dims[i];
+  for (int i = 0; ok && i < ws_rank - 2; ++i) ws_batch *= ws_dims[i];
+  ok = ok && xs_batch == p->batch && ws_batch == (p->w_batched ? p->batch : 1);
+  if (!ok) {
+    err << "x_scale, w_scale: expected both scalars (per-tensor scaling) or block scales [..., "
+        << p->xm << ", " << kb << "] and [" << (p->w_batched ? "..., " : "") << kb << ", " << nb
+        << "], got " << Dims(xs_dims, xs_rank) << " and " << Dims(ws_dims, ws_rank);
+    return err.str();
+  }
+  p->scaling = Scaling::kBlock;
   return "";
 }
 

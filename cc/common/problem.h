@@ -13,9 +13,24 @@
 
 namespace jax_distgemm {
 
-enum class ElemType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2, kUnsupported = -1 };
+enum class ElemType : int32_t {
+  kBF16 = 0,
+  kF16 = 1,
+  kF32 = 2,
+  kF8E4M3 = 3,  // float8_e4m3fn
+  kF8E5M2 = 4,  // float8_e5m2
+  kUnsupported = -1
+};
 
-inline int64_t ElemSize(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
+inline bool IsFp8(ElemType t) { return t == ElemType::kF8E4M3 || t == ElemType::kF8E5M2; }
+inline int64_t ElemSize(ElemType t) {
+  return t == ElemType::kF32 ? 4 : IsFp8(t) ? 1 : 2;
+}
+
+// How fp8 operands are scaled (jax_distgemm/_src/fp8.py): fp32 scales, one per shard
+// ([] each), or per block: x [L, xm, xk/128] (1x128), w [(L,) wk/128, wn/128] (128x128).
+enum class Scaling : int32_t { kNone = 0, kTensor = 1, kBlock = 2 };
+inline constexpr int64_t kScaleBlock = 128;
 const char* ElemName(ElemType t);
 const char* ScheduleName(ScheduleKind s);  // the Python Schedule's name, e.g. "AllGather1D_..."
 
@@ -36,6 +51,11 @@ struct Problem {
   bool w_batched = false;
   int64_t xm = 0, xk = 0, wk = 0, wn = 0, om = 0, on = 0;
   ElemType in_type = ElemType::kBF16, out_type = ElemType::kBF16;
+  ElemType w_type = ElemType::kBF16;  // in_type but for fp8, where x and w may differ
+  Scaling scaling = Scaling::kNone;   // fp8 operands only (SetScales)
+  // w (and its block scales) as the executor holds it: [wk, wn] row-major, or transposed,
+  // [wn, wk] (the CUDA executor's fp8 GEMMs read B K-major); BView and BScaleView follow.
+  bool w_k_major = false;
   bool has_c = false;
   float alpha = 1.f, beta = 0.f;
 
@@ -59,6 +79,13 @@ struct Problem {
   int64_t GatheredRows() const;
   int64_t GatheredWidth() const;
 
+  // fp8 scales (elements of fp32) and the views of a stage's A and B scales, block scaling
+  // only: a row of scales per row of x, one per 128-column block of w.
+  int64_t XScaleElems() const;
+  int64_t WScaleElems() const;
+  MatrixView AScaleView(int tile) const;
+  MatrixView BScaleView(int tile) const;
+
   int64_t XElems() const { return batch * xm * xk; }
   int64_t WElems() const { return (w_batched ? batch : 1) * wk * wn; }
   int64_t OutElems() const { return batch * om * on; }
@@ -76,6 +103,12 @@ std::string MakeProblem(ScheduleKind schedule, int tp, const int64_t* x_dims, in
                         ElemType x_type, ElemType w_type, ElemType out_type, bool has_c,
                         const int64_t* c_dims, int c_rank, float alpha, float beta,
                         Problem* problem);
+
+// fp8 operands: checks x_scale and w_scale (fp32; both scalars, or block scales of the shapes
+// above) and the output dtype (bf16 or fp32) against `p`, and sets p->scaling.  "" or a
+// message that names the argument and the rule.
+std::string SetScales(const int64_t* xs_dims, int xs_rank, ElemType xs_type,
+                      const int64_t* ws_dims, int ws_rank, ElemType ws_type, Problem* p);
 
 // The gathered operand an AllGather call may also return (its second result): the rotating
 // shard of every rank in rank order, i.e. x with TP * xm rows (RotatingA: [L, TP xm, xk]) or w

@@ -39,10 +39,23 @@ RsPath ChooseRsPath(const Problem& p, int requested) {
   return static_cast<RsPath>(requested);
 }
 
+namespace {
+// fp32 scales of `elems` values' worth: 0 without scaling.
+size_t ScaleBytes(const Problem& p, int64_t scale_elems) {
+  return p.scaling == Scaling::kNone ? 0
+                                     : RoundUp(scale_elems * sizeof(float), kSlotAlign);
+}
+}  // namespace
+
+size_t SlotScaleOffset(const Problem& p) {
+  const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
+  return RoundUp((rot_a ? p.XElems() : p.WElems()) * ElemSize(p.in_type), kSlotAlign);
+}
+
 size_t SlotBytes(const Problem& p) {
   if (IsAllGather(p.schedule)) {
     const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-    return RoundUp((rot_a ? p.XElems() : p.WElems()) * ElemSize(p.in_type), kSlotAlign);
+    return SlotScaleOffset(p) + ScaleBytes(p, rot_a ? p.XScaleElems() : p.WScaleElems());
   }
   return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);
 }
@@ -50,8 +63,15 @@ size_t SlotBytes(const Problem& p) {
 size_t GatherWOffset(const Problem& p) {
   return RoundUp(p.sm() * p.xk * ElemSize(p.in_type), kSlotAlign);
 }
+size_t GatherXScaleOffset(const Problem& p) {
+  return GatherWOffset(p) + RoundUp(p.WElems() * ElemSize(p.w_type), kSlotAlign);
+}
+size_t GatherWScaleOffset(const Problem& p) {
+  const int64_t rows = p.scaling == Scaling::kBlock ? p.sm() * (p.xk / kScaleBlock) : 1;
+  return GatherXScaleOffset(p) + ScaleBytes(p, rows);
+}
 size_t GatherSlotBytes(const Problem& p) {
-  return GatherWOffset(p) + RoundUp(p.WElems() * ElemSize(p.in_type), kSlotAlign);
+  return GatherWScaleOffset(p) + ScaleBytes(p, p.WScaleElems());
 }
 size_t GatherSumBytes(const Problem& p) {
   return RoundUp(p.PartialElems() * ElemSize(p.out_type), kSlotAlign);

@@ -5,12 +5,13 @@
 //
 // The workspace of a device is two equal halves, one per call parity (epoch % 2), each holding
 // the slots of one call, kSlotAlign-aligned:
-//   AllGather            TP-1 slots of one shard of the rotating operand (input dtype)
+//   AllGather            TP-1 slots of one shard of the rotating operand (input dtype), and
+//                        for fp8 its scales from SlotScaleOffset on
 //   ReduceScatter
 //     kRemoteC           TP-1 slots of one running sum (output dtype), one per stage but the last
 //     kCopyRing          2 (TP-1): send slots 0..TP-2, then receive slots TP-1..2 TP-3
-//     kGather            TP-1 slots of [x rows of the block (sm x xk) | w (wk x wn)] (input
-//                        dtype), one per source, then TP-1 local running sums
+//     kGather            TP-1 slots of [x rows of the block (sm x xk) | w (wk x wn) | fp8: their
+//                        scales] (input dtype), one per source, then TP-1 local running sums
 #pragma once
 
 #include <cstddef>
@@ -42,11 +43,16 @@ RsPath ChooseRsPath(const Problem& p, int requested);
 inline constexpr size_t kSlotAlign = 256;
 inline size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
-// Bytes of one slot: the rotating shard (AllGather) or one running sum (ReduceScatter).
+// Bytes of one slot: the rotating shard (AllGather; fp8: and its scales, from SlotScaleOffset)
+// or one running sum (ReduceScatter).
 size_t SlotBytes(const Problem& p);
-// kGather: one source's slot (x rows, then w at GatherWOffset), one running sum, one parity.
+size_t SlotScaleOffset(const Problem& p);
+// kGather: one source's slot (x rows, then w at GatherWOffset; fp8: the rows' scales at
+// GatherXScaleOffset, w's at GatherWScaleOffset), one running sum, one parity.
 size_t GatherSlotBytes(const Problem& p);
 size_t GatherWOffset(const Problem& p);
+size_t GatherXScaleOffset(const Problem& p);
+size_t GatherWScaleOffset(const Problem& p);
 size_t GatherSumBytes(const Problem& p);
 size_t GatherParityBytes(const Problem& p);
 

@@ -60,10 +60,43 @@ CpuGemmArgs StageGemm(const Problem& p) {
   g.m = p.sm();
   g.n = p.sn();
   g.k = p.sk();
-  g.ab_type = p.in_type;
+  g.a_type = p.in_type;
+  g.b_type = p.w_type;
+  g.scaling = p.scaling;
   g.alpha = p.alpha;
   return g;
 }
+
+// The scales of a stage's A (those of the x they come from) and B (of w), fp8 only.
+void SetStageScales(const Problem& p, int tile, const float* x_scale, const float* w_scale,
+                    CpuGemmArgs* g) {
+  g->a_scale = x_scale;
+  g->b_scale = w_scale;
+  if (p.scaling == Scaling::kBlock) {
+    g->a_scale_view = p.AScaleView(tile);
+    g->b_scale_view = p.BScaleView(tile);
+  }
+}
+
+// A shard as peers read it: its values, then (fp8) its scales from 16 bytes on.
+struct ShardLayout {
+  size_t value_bytes = 0, scale_offset = 0, bytes = 0;
+  ShardLayout(int64_t values, ElemType type, int64_t scales) {
+    value_bytes = static_cast<size_t>(values * ElemSize(type));
+    scale_offset = (value_bytes + 15) / 16 * 16;
+    bytes = scales > 0 ? scale_offset + static_cast<size_t>(scales) * sizeof(float) : value_bytes;
+  }
+  void Fill(void* dst, const void* values, const float* scales) const {
+    std::memcpy(dst, values, value_bytes);
+    if (scales != nullptr) std::memcpy(Scales(dst), scales, bytes - scale_offset);
+  }
+  float* Scales(void* shard) const {
+    return reinterpret_cast<float*>(static_cast<uint8_t*>(shard) + scale_offset);
+  }
+  const float* Scales(const void* shard) const {
+    return reinterpret_cast<const float*>(static_cast<const uint8_t*>(shard) + scale_offset);
+  }
+};
 
 // Copies rank `src`'s shard (packed) into its block of the gathered result (Problem's
 // GatheredRows / GatheredWidth).
@@ -76,33 +109,49 @@ void CopyIntoGathered(const Problem& p, int src, const void* shard, void* gather
   }
 }
 
+// The operands of one call on this device; scales for fp8 only.
+struct Operands {
+  const void* x = nullptr;
+  const float* x_scale = nullptr;
+  const void* w = nullptr;
+  const float* w_scale = nullptr;
+  const void* c = nullptr;
+  void* out = nullptr;
+};
+
 template <class Sched>
-std::string RunAllGather(const Problem& p, int rank, int64_t device, Exchange& s, const void* x,
-                         const void* w, const void* c, void* out, void* gathered,
-                         std::chrono::milliseconds timeout) {
+std::string RunAllGather(const Problem& p, int rank, int64_t device, Exchange& s,
+                         const Operands& o, void* gathered, std::chrono::milliseconds timeout) {
   constexpr bool kRotatingA = Sched::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-  // Peers read a copy of the rotating shard owned by the exchange, never XLA's buffer: after a
-  // timed-out barrier this handler returns and XLA may free its inputs.
-  const size_t bytes = (kRotatingA ? p.XElems() : p.WElems()) * ElemSize(p.in_type);
-  void* shard = s.Buffer(rank, bytes);
-  std::memcpy(shard, kRotatingA ? x : w, bytes);
+  const bool scaled = p.scaling != Scaling::kNone;
+  // Peers read a copy of the rotating shard (and its scales) owned by the exchange, never
+  // XLA's buffer: after a timed-out barrier this handler returns and XLA may free its inputs.
+  const ShardLayout layout(kRotatingA ? p.XElems() : p.WElems(), p.in_type,
+                           !scaled ? 0 : kRotatingA ? p.XScaleElems() : p.WScaleElems());
+  void* shard = s.Buffer(rank, layout.bytes);
+  layout.Fill(shard, kRotatingA ? o.x : o.w, kRotatingA ? o.x_scale : o.w_scale);
   if (Faulty(device, 0)) return "";
   if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
   for (int i = 0; i < p.tp; ++i) {
     const int src = Sched::Source(rank, i, p.tp);
     const int tile = Sched::OutputTile(rank, i, p.tp);
     CpuGemmArgs g = StageGemm(p);
-    const void* rotating = s.PeerBuffer(src, bytes);
+    const void* rotating = s.PeerBuffer(src, layout.bytes);
     if (gathered != nullptr) CopyIntoGathered(p, src, rotating, gathered);
-    g.a = kRotatingA ? rotating : x;
+    g.a = kRotatingA ? rotating : o.x;
     g.a_view = p.AView(tile);
-    g.b = kRotatingA ? w : rotating;
+    g.b = kRotatingA ? o.w : rotating;
     g.b_view = p.BView(tile);
+    if (scaled) {
+      const float* travelled = layout.Scales(rotating);
+      SetStageScales(p, tile, kRotatingA ? travelled : o.x_scale,
+                     kRotatingA ? o.w_scale : travelled, &g);
+    }
     g.d_type = p.out_type;
-    g.d = out;
+    g.d = o.out;
     g.d_view = p.OutView(tile);
-    if (c) {
-      g.c = c;
+    if (o.c) {
+      g.c = o.c;
       g.c_type = p.out_type;
       g.c_view = g.d_view;
       g.beta = p.beta;
@@ -114,9 +163,8 @@ std::string RunAllGather(const Problem& p, int rank, int64_t device, Exchange& s
 }
 
 template <class Sched>
-std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchange& s, const void* x,
-                             const void* w, const void* c, void* out,
-                             std::chrono::milliseconds timeout) {
+std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchange& s,
+                             const Operands& o, std::chrono::milliseconds timeout) {
   // Running sums of stages 0..TP-2, read by the right neighbour one stage later (owned by
   // the exchange, which keeps them while any reader is left).
   const size_t bytes = static_cast<size_t>((p.tp - 1) * p.PartialElems()) * sizeof(float);
@@ -128,10 +176,11 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
     const int tile = Sched::OutputTile(rank, i, p.tp);
     const bool last = i == p.tp - 1;
     CpuGemmArgs g = StageGemm(p);
-    g.a = x;
+    g.a = o.x;
     g.a_view = p.AView(tile);
-    g.b = w;
+    g.b = o.w;
     g.b_view = p.BView(tile);
+    SetStageScales(p, tile, o.x_scale, o.w_scale, &g);
     if (i > 0) {
       const int left = Sched::Source(rank, i, p.tp);
       g.running_sum =
@@ -140,10 +189,10 @@ std::string RunReduceScatter(const Problem& p, int rank, int64_t device, Exchang
     }
     if (last) {
       g.d_type = p.out_type;
-      g.d = out;
+      g.d = o.out;
       g.d_view = p.OutView(tile);
-      if (c) {
-        g.c = c;
+      if (o.c) {
+        g.c = o.c;
         g.c_type = p.out_type;
         g.c_view = g.d_view;
         g.beta = p.beta;
@@ -176,16 +225,18 @@ bool RsGatherRequested(const Problem& p, int rs_path) {
 }
 
 std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, Exchange& s,
-                                   const void* x, const void* w, const void* c, void* out,
-                                   std::chrono::milliseconds timeout) {
+                                   const Operands& o, std::chrono::milliseconds timeout) {
   using G = ReduceScatter1D_TilingA_Gather;
-  // Peers read copies of x and w owned by the exchange (RunAllGather says why).
-  const size_t isz = static_cast<size_t>(ElemSize(p.in_type));
-  const size_t x_bytes = static_cast<size_t>(p.XElems()) * isz;
-  const size_t bytes = x_bytes + static_cast<size_t>(p.WElems()) * isz;
+  const bool scaled = p.scaling != Scaling::kNone;
+  // Peers read copies of x and w (and their scales) owned by the exchange (RunAllGather says
+  // why): x's layout, then w's from x's end on.
+  const ShardLayout xl(p.XElems(), p.in_type, scaled ? p.XScaleElems() : 0);
+  const ShardLayout wl(p.WElems(), p.w_type, scaled ? p.WScaleElems() : 0);
+  const size_t x_bytes = (xl.bytes + 15) / 16 * 16;
+  const size_t bytes = x_bytes + wl.bytes;
   auto* mine = static_cast<uint8_t*>(s.Buffer(rank, bytes));
-  std::memcpy(mine, x, x_bytes);
-  std::memcpy(mine + x_bytes, w, bytes - x_bytes);
+  xl.Fill(mine, o.x, o.x_scale);
+  wl.Fill(mine + x_bytes, o.w, o.w_scale);
   if (Faulty(device, 0)) return "";
   if (auto e = s.Barrier(rank, 0, "pointer exchange", timeout); !e.empty()) return e;
   const int tile = ReduceScatter1D_TilingA_RotatingC::OutputTile(rank, p.tp - 1, p.tp);
@@ -199,21 +250,22 @@ std::string RunReduceScatterGather(const Problem& p, int rank, int64_t device, E
     g.a_view = p.AView(tile);  // the source's x rows of this device's block
     g.b = src + x_bytes;
     g.b_view = p.BView(tile);
+    if (scaled) SetStageScales(p, tile, xl.Scales(src), wl.Scales(src + x_bytes), &g);
     if (i > 0) {
       g.running_sum = sum.data();
       g.running_sum_view = pv;
     }
     if (last) {
       g.d_type = p.out_type;
-      g.d = out;
+      g.d = o.out;
       g.d_view = p.OutView(tile);
     } else {
       g.d_type = ElemType::kF32;
       g.d = sum.data();
       g.d_view = pv;
     }
-    if (c != nullptr && last) {  // beta C once (on CUDA at stage 0; the sum is the same)
-      g.c = c;
+    if (o.c != nullptr && last) {  // beta C once (on CUDA at stage 0; the sum is the same)
+      g.c = o.c;
       g.c_type = p.out_type;
       g.c_view = p.OutView(tile);
       g.beta = p.beta;
@@ -231,10 +283,7 @@ struct CpuCall {
   Problem p;
   int rank = -1;
   int64_t device_id = -1;
-  const void* x = nullptr;
-  const void* w = nullptr;
-  const void* c = nullptr;
-  void* out = nullptr;
+  Operands ops;
   void* gathered = nullptr;  // AllGather's optional second result
   int rs_path = kRsAuto;  // the call's attribute
   std::chrono::milliseconds timeout{0};
@@ -251,12 +300,12 @@ struct CpuCall {
       using S = decltype(sched);
       if constexpr (S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
                     S::kKind == ScheduleKind::kAllGather1D_TilingCD_RotatingB) {
-        return RunAllGather<S>(p, rank, device_id, ex, x, w, c, out, gathered, timeout);
+        return RunAllGather<S>(p, rank, device_id, ex, ops, gathered, timeout);
       } else {
         if (RsGatherRequested(p, rs_path)) {
-          return RunReduceScatterGather(p, rank, device_id, ex, x, w, c, out, timeout);
+          return RunReduceScatterGather(p, rank, device_id, ex, ops, timeout);
         }
-        return RunReduceScatter<S>(p, rank, device_id, ex, x, w, c, out, timeout);
+        return RunReduceScatter<S>(p, rank, device_id, ex, ops, timeout);
       }
     });
   }
@@ -362,30 +411,18 @@ ffi::Future Completed(ffi::Error error) {
 // cores and serves every fake device.  On a 2-core host, two ranks of a group can block the
 // whole pool waiting for peers whose thunks are queued behind them.  Here no XLA thread ever
 // waits for a peer.
-ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite* site,
-                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
-                            ffi::Result<ffi::AnyBuffer> out,
-                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
-                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id_attr, int64_t timeout_ms,
-                            int32_t rs_path) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id_attr, timeout_ms, rs_path};
-  if (site->index >= (int64_t{1} << 15) || (call_id_attr & 0xffff0000) != 0) {
+//
+// `call` holds the decoded problem, operands and gathered result; the rest is filled in here.
+ffi::Future StartCall(ffi::RunId run_id, int32_t device_ordinal, const CallSite& site,
+                      const CallAttrs& attrs, std::shared_ptr<CpuCall> call) {
+  const int64_t call_id_attr = attrs.call_id, tp = attrs.tp;
+  const ffi::Span<const int64_t>& groups = attrs.groups;
+  if (site.index >= (int64_t{1} << 15) || (call_id_attr & 0xffff0000) != 0) {
     return Completed(InvalidArgument(
         "call_id " + std::to_string(call_id_attr) + " / call site " +
-        std::to_string(site->index) + ": more call sites of one call_id than the key holds"));
+        std::to_string(site.index) + ": more call sites of one call_id than the key holds"));
   }
-  const int64_t call_id = SiteKey(call_id_attr, *site);
-  auto call = std::make_shared<CpuCall>();
-  if (auto err = DecodeProblem(x, w, c, *out, attrs, &call->p); err.failure()) {
-    return Completed(std::move(err));
-  }
-  if (gathered.has_value()) {
-    if (auto err = DecodeGathered(x, w, **gathered, call->p); err.failure()) {
-      return Completed(std::move(err));
-    }
-    call->gathered = (*gathered)->untyped_data();
-  }
+  const int64_t call_id = SiteKey(call_id_attr, site);
   const int64_t device_id = GlobalDeviceId(kPlatformCpu, device_ordinal);
   int rank = -1, group = -1;
   if (auto err = LocateDevice(attrs, device_id, &rank, &group); err.failure()) {
@@ -393,12 +430,8 @@ ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite*
   }
   call->rank = rank;
   call->device_id = device_id;
-  call->x = x.untyped_data();
-  call->w = w.untyped_data();
-  call->c = call->p.has_c ? c.untyped_data() : nullptr;
-  call->out = out->untyped_data();
-  call->rs_path = rs_path;
-  call->timeout = std::chrono::milliseconds(timeout_ms);
+  call->rs_path = attrs.rs_path;
+  call->timeout = std::chrono::milliseconds(attrs.timeout_ms);
   call->call_id = call_id;
   call->members.assign(groups.begin() + static_cast<int64_t>(group) * tp,
                        groups.begin() + static_cast<int64_t>(group + 1) * tp);
@@ -436,6 +469,47 @@ ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite*
   return future;
 }
 
+ffi::Future DistGemmCpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite* site,
+                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
+                            ffi::Result<ffi::AnyBuffer> out,
+                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
+                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
+                            int32_t rs_path) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
+  auto call = std::make_shared<CpuCall>();
+  if (auto err = DecodeProblem(x, w, c, *out, attrs, &call->p); err.failure()) {
+    return Completed(std::move(err));
+  }
+  if (gathered.has_value()) {
+    if (auto err = DecodeGathered(x, w, **gathered, call->p); err.failure()) {
+      return Completed(std::move(err));
+    }
+    call->gathered = (*gathered)->untyped_data();
+  }
+  call->ops = {x.untyped_data(), nullptr, w.untyped_data(), nullptr,
+               call->p.has_c ? c.untyped_data() : nullptr, out->untyped_data()};
+  return StartCall(run_id, device_ordinal, *site, attrs, std::move(call));
+}
+
+ffi::Future DistGemmFp8CpuImpl(ffi::RunId run_id, int32_t device_ordinal, CallSite* site,
+                               ffi::AnyBuffer x, ffi::AnyBuffer x_scale, ffi::AnyBuffer w,
+                               ffi::AnyBuffer w_scale, ffi::AnyBuffer c,
+                               ffi::Result<ffi::AnyBuffer> out, int32_t schedule, int64_t tp,
+                               ffi::Span<const int64_t> groups, float alpha, float beta,
+                               int64_t call_id, int64_t timeout_ms, int32_t rs_path) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
+  auto call = std::make_shared<CpuCall>();
+  if (auto err = DecodeFp8Problem(x, x_scale, w, w_scale, c, *out, attrs, &call->p);
+      err.failure()) {
+    return Completed(std::move(err));
+  }
+  call->ops = {x.untyped_data(), static_cast<const float*>(x_scale.untyped_data()),
+               w.untyped_data(), static_cast<const float*>(w_scale.untyped_data()),
+               call->p.has_c ? c.untyped_data() : nullptr, out->untyped_data()};
+  return StartCall(run_id, device_ordinal, *site, attrs, std::move(call));
+}
+
 }  // namespace
 
 void SetCpuFaultDevice(int64_t device, int phase) {
@@ -460,6 +534,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmCpu, DistGemmCpuImpl,
                                   .Arg<ffi::AnyBuffer>()      // c (output dtype; 0 elements if absent)
                                   .Ret<ffi::AnyBuffer>()      // out
                                   .OptionalRet<ffi::AnyBuffer>()  // gathered operand (AllGather)
+                                  .Attr<int32_t>("schedule")  // ScheduleKind
+                                  .Attr<int64_t>("tp")        // TP group size
+                                  .Attr<ffi::Span<const int64_t>>("groups")  // ids, [G, tp]
+                                  .Attr<float>("alpha")       // out = alpha * x @ w ...
+                                  .Attr<float>("beta")        // ... + beta * c
+                                  .Attr<int64_t>("call_id")   // call site, rendezvous key
+                                  .Attr<int64_t>("timeout_ms")  // bound on peer waits
+                                  .Attr<int32_t>("rs_path"));   // RsPath; 0: automatic
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DistGemmFp8Cpu, DistGemmFp8CpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()          // rendezvous key, same on all devices
+                                  .Ctx<ffi::DeviceOrdinal>()  // this device
+                                  .Ctx<ffi::State<CallSite>>()  // this call site (instantiate)
+                                  .Arg<ffi::AnyBuffer>()      // x (fp8)
+                                  .Arg<ffi::AnyBuffer>()      // x_scale (fp32, [] or blocks)
+                                  .Arg<ffi::AnyBuffer>()      // w (fp8)
+                                  .Arg<ffi::AnyBuffer>()      // w_scale (fp32, [] or blocks)
+                                  .Arg<ffi::AnyBuffer>()      // c (output dtype; 0 elements if absent)
+                                  .Ret<ffi::AnyBuffer>()      // out (bf16 or fp32)
                                   .Attr<int32_t>("schedule")  // ScheduleKind
                                   .Attr<int64_t>("tp")        // TP group size
                                   .Attr<ffi::Span<const int64_t>>("groups")  // ids, [G, tp]

@@ -14,6 +14,7 @@ namespace jax_distgemm {
 // CallSiteTypeInfo; jax.ffi.register_ffi_type).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCpuInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmFp8Cpu);  // fp8 x and w with their scales
 XLA_FFI_TypeId* CallSiteTypeId();
 const XLA_FFI_TypeInfo* CallSiteTypeInfo();
 

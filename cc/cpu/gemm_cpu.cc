@@ -62,8 +62,21 @@ uint16_t F32ToF16(float f) {
   return sign | static_cast<uint16_t>((exp << 10) | (static_cast<uint32_t>(scaled) & 0x3ffu));
 }
 
+// float8_e4m3fn: bias 7, no infinities, S.1111.111 is NaN.  float8_e5m2: the top byte of a
+// float16.
+float F8E4M3ToF32(uint8_t b) {
+  const int exp = (b >> 3) & 0xf, man = b & 7;
+  float f = exp == 15 && man == 7 ? NAN
+            : exp == 0            ? std::ldexp(static_cast<float>(man), -9)
+                                  : std::ldexp(static_cast<float>(8 + man), exp - 10);
+  return (b & 0x80) ? -f : f;
+}
+
 float Load(ElemType t, const void* base, int64_t i) {
   switch (t) {
+    case ElemType::kF8E4M3: return F8E4M3ToF32(static_cast<const uint8_t*>(base)[i]);
+    case ElemType::kF8E5M2:
+      return F16ToF32(static_cast<uint16_t>(static_cast<const uint8_t*>(base)[i] << 8));
     case ElemType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
     case ElemType::kF16: return F16ToF32(static_cast<const uint16_t*>(base)[i]);
     default: return static_cast<const float*>(base)[i];
@@ -78,19 +91,37 @@ void Store(ElemType t, void* base, int64_t i, float v) {
   }
 }
 
+// The scale of A's element (l, i, kk) or B's (l, kk, j); 1 without scaling.
+float AScale(const CpuGemmArgs& g, int64_t l, int64_t i, int64_t kk) {
+  if (g.scaling == Scaling::kNone) return 1.f;
+  if (g.scaling == Scaling::kTensor) return g.a_scale[0];
+  const MatrixView& v = g.a_scale_view;
+  return g.a_scale[v.offset + l * v.batch_stride + i * v.ld + kk / kScaleBlock];
+}
+float BScale(const CpuGemmArgs& g, int64_t l, int64_t kk, int64_t j) {
+  if (g.scaling == Scaling::kNone) return 1.f;
+  if (g.scaling == Scaling::kTensor) return g.b_scale[0];
+  const MatrixView& v = g.b_scale_view;
+  return g.b_scale[v.offset + l * v.batch_stride + (kk / kScaleBlock) * v.ld + j / kScaleBlock];
+}
+
 }  // namespace
 
 void GemmCpu(const CpuGemmArgs& g) {
   std::vector<float> a_row(g.k), b_tile(g.k * g.n), acc(g.n);
   for (int64_t l = 0; l < g.batch; ++l) {
-    // B for this batch, widened once: [k, n].
+    // B for this batch, widened (and dequantized) once: [k, n].
     const int64_t b0 = g.b_view.offset + l * g.b_view.batch_stride;
     for (int64_t kk = 0; kk < g.k; ++kk) {
-      for (int64_t j = 0; j < g.n; ++j) b_tile[kk * g.n + j] = Load(g.ab_type, g.b, b0 + kk * g.b_view.ld + j);
+      for (int64_t j = 0; j < g.n; ++j) {
+        b_tile[kk * g.n + j] = Load(g.b_type, g.b, b0 + kk * g.b_view.ld + j) * BScale(g, l, kk, j);
+      }
     }
     for (int64_t i = 0; i < g.m; ++i) {
       const int64_t a0 = g.a_view.offset + l * g.a_view.batch_stride + i * g.a_view.ld;
-      for (int64_t kk = 0; kk < g.k; ++kk) a_row[kk] = Load(g.ab_type, g.a, a0 + kk);
+      for (int64_t kk = 0; kk < g.k; ++kk) {
+        a_row[kk] = Load(g.a_type, g.a, a0 + kk) * AScale(g, l, i, kk);
+      }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t kk = 0; kk < g.k; ++kk) {
         const float av = a_row[kk];

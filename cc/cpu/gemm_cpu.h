@@ -1,4 +1,5 @@
-// Reference GEMM for the CPU executor: fp32 accumulation, bf16/fp16/fp32 in and out.
+// Reference GEMM for the CPU executor: fp32 accumulation, bf16/fp16/fp32 in and out, and fp8
+// operands with their scales (products of the dequantized values).
 #pragma once
 
 #include <cstdint>
@@ -11,11 +12,18 @@ namespace jax_distgemm {
 // `running_sum` (ReduceScatter partials, fp32) and `c` (of type c_type) are optional (nullptr).
 struct CpuGemmArgs {
   int64_t batch = 1, m = 0, n = 0, k = 0;
-  ElemType ab_type = ElemType::kF32;
+  ElemType a_type = ElemType::kF32, b_type = ElemType::kF32;
   const void* a = nullptr;
   MatrixView a_view;
   const void* b = nullptr;
   MatrixView b_view;
+  // fp8 operands: one scale each (kTensor), or a_scale per row and 128 of K and b_scale per
+  // 128x128 block (kBlock), views in scale elements; A and B start on block boundaries.
+  Scaling scaling = Scaling::kNone;
+  const float* a_scale = nullptr;
+  MatrixView a_scale_view;
+  const float* b_scale = nullptr;
+  MatrixView b_scale_view;
   float alpha = 1.f;
   const float* running_sum = nullptr;
   MatrixView running_sum_view;

@@ -84,9 +84,10 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     raise TypeError(f"out_dtype: an fp8 call writes bfloat16 or float32, not {out_dtype.name}")
   tp = validation.check_call(x, w, c, schedule=schedule, axis_name=axis_name, alpha=alpha,
                              beta=beta)
+  scaling = fp8
   if quantized:
     x_scale, w_scale = (None if s is None else jnp.asarray(s) for s in (x_scale, w_scale))
-    fp8_lib.check_scales(x, x_scale, w, w_scale, schedule=schedule, tp=tp)
+    scaling = fp8_lib.check_scales(x, x_scale, w, w_scale, schedule=schedule, tp=tp)
   elif fp8 == "block":
     fp8_lib.check_block_shapes(x.shape, w.shape, schedule, tp)
   if timeout_ms is None:
@@ -100,18 +101,18 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
         "leaves free (axis_names=...); the ops run per shard of its manual axes: make the "
         "shard_map manual over those axes too, or give them AxisType.Auto")
   vmapped = validation.vmap_bound_axes(axis_name, x, w, c)
-  fp8_name = None
   if fp8 is not None and vmapped:
     # NOTE: no custom VJP under vmap (see below), and so no straight-through gradient.
     raise ValueError(f"fp8: not where jax.vmap binds axis_name {vmapped[0]!r}; quantize with "
                      "jax_distgemm.quantize and pass x_scale, w_scale")
-  if quantized or fp8 is not None:
-    fp8_name = impl.choose_fp8(implementation, bool(vmapped))
-  elif vmapped:
+  if vmapped and not quantized:
     implementation = impl.choose_under_vmap(implementation, vmapped)
   params = Params(schedule=schedule, axis_name=axis_name, tp=tp, alpha=float(alpha),
                   beta=float(beta), out_dtype=out_dtype, implementation=implementation,
                   timeout_ms=int(timeout_ms), with_operand=return_gathered)
+  fp8_name = None
+  if quantized or fp8 is not None:
+    fp8_name = impl.choose_fp8(x, w, params, vmapped, scaling)
   if beta == 0:
     c = None
   # Matched before the custom_vjp, so cotangents have the operands' types (autodiff.py).

@@ -39,15 +39,15 @@ def rs_path(schedule: Schedule, tp: int, x_shape, w_shape) -> str:
 
 
 def workspace_bytes(x_shape, w_shape, dtype, schedule: Schedule, tp: int,
-                    out_dtype=None) -> int:
+                    out_dtype=None, scaling: str = "") -> int:
   """CUDA symmetric workspace of one call, in bytes per device (cc/common/workspace.h,
   WorkspaceBytes): 2 parities (double buffering) x the slots of the call's data path (rs_path),
   each 256-byte aligned.  Shapes are the per-device (local) operand shapes; the output dtype
-  defaults to the input's.
+  defaults to the input's; fp8: `scaling` "tensor" or "block" (scales travel with shards).
   """
   return int(_rule_module().workspace_bytes(
       int(Schedule(schedule)), int(tp), tuple(x_shape), tuple(w_shape), jnp.dtype(dtype).name,
-      jnp.dtype(out_dtype or dtype).name, config.rs_path_override()))
+      jnp.dtype(out_dtype or dtype).name, config.rs_path_override(), scaling))
 
 
 def _stage_rows_cols(x_shape, w_shape, schedule: Schedule, tp: int) -> tuple[int, int]:
@@ -110,10 +110,7 @@ def gpu_reason() -> str | None:
   return None
 
 
-def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:
-  """None if the CUDA executor runs this case, else why not (naming the argument)."""
-  xd = jnp.dtype(x.dtype)
-  od = jnp.dtype(out_dtype)
+def _common_reason(x, w, schedule: Schedule, tp: int) -> str | None:
   if why := gpu_reason():
     return why
   sm, sn = _stage_rows_cols(x.shape, w.shape, schedule, tp)
@@ -124,6 +121,47 @@ def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | No
             "32-bit extents)")
   if tp > CUDA_MAX_TP:
     return f"tp: {tp} ranks; the CUDA executor takes at most {CUDA_MAX_TP} (kMaxTp)"
+  return None
+
+
+def _workspace_reason(need: int, schedule: Schedule, tp: int) -> str | None:
+  cap = config.workspace_cap_bytes()
+  if need > cap:
+    return (f"workspace: {schedule.name} with TP={tp} needs {need} bytes "
+            f"({need / 2**20:.1f} MiB) of workspace per device, more than the cap of {cap} "
+            f"bytes ({cap / 2**20:.1f} MiB); raise JAX_DISTGEMM_MAX_WORKSPACE_MB or shrink the "
+            "per-device shapes")
+  return None
+
+
+def fp8_unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int,
+                           scaling: str) -> str | None:
+  """fp8: None if the CUDA executor runs this case, else why not.  x and w are the operands
+  as called (fp8, or bf16/fp32 that fp8= quantizes to float8_e4m3fn)."""
+  e4m3 = jnp.dtype(jnp.float8_e4m3fn)
+  xd, wd = (jnp.dtype(a.dtype) if jnp.dtype(a.dtype).itemsize == 1 else e4m3 for a in (x, w))
+  od = jnp.dtype(out_dtype)
+  if why := _common_reason(x, w, schedule, tp):
+    return why
+  if wd != e4m3 or (scaling == "block" and xd != e4m3):
+    return (f"x, w: {xd.name} x {wd.name} is not built on CUDA (w float8_e4m3fn; x "
+            "float8_e4m3fn, or float8_e5m2 with per-tensor scaling)")
+  if od not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+    return f"out_dtype: {od.name} is not supported for fp8 (bfloat16 or float32)"
+  k, n = x.shape[-1], w.shape[-1]
+  if k % 16 or n % 16:
+    return (f"x, w: fp8 on CUDA needs K ({k}) and the local N ({n}) to be multiples of 16 "
+            "(the GEMMs read w transposed)")
+  return _workspace_reason(workspace_bytes(x.shape, w.shape, xd, schedule, tp, od, scaling),
+                           schedule, tp)
+
+
+def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | None:
+  """None if the CUDA executor runs this case, else why not (naming the argument)."""
+  xd = jnp.dtype(x.dtype)
+  od = jnp.dtype(out_dtype)
+  if why := _common_reason(x, w, schedule, tp):
+    return why
   if xd not in CUDA_IN_DTYPES:
     return f"x, w: dtype {xd.name} is not supported on CUDA (bfloat16 or float16)"
   if od not in CUDA_OUT_DTYPES:
@@ -143,11 +181,5 @@ def unsupported_reason(x, w, out_dtype, schedule: Schedule, tp: int) -> str | No
     # Each stage reads a column block of w starting at a multiple of N/TP.
     return (f"w (N/TP): the column block ({w.shape[-1] // tp}) must start 16-byte aligned "
             "for TMA")
-  need = workspace_bytes(x.shape, w.shape, xd, schedule, tp, od)
-  cap = config.workspace_cap_bytes()
-  if need > cap:
-    return (f"workspace: {schedule.name} with TP={tp} needs {need} bytes "
-            f"({need / 2**20:.1f} MiB) of workspace per device, more than the cap of {cap} "
-            f"bytes ({cap / 2**20:.1f} MiB); raise JAX_DISTGEMM_MAX_WORKSPACE_MB or shrink the "
-            "per-device shapes")
-  return None
+  return _workspace_reason(workspace_bytes(x.shape, w.shape, xd, schedule, tp, od),
+                           schedule, tp)

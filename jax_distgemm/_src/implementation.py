@@ -8,8 +8,8 @@
                otherwise "xla"
 
 JAX_DISTGEMM_IMPLEMENTATION replaces None everywhere and counts as an explicit choice.
-fp8 operands run by XLA: "reference" (None's choice; "xla" under vmap) or "xla"; the fused
-fp8 kernels are not in the custom call yet, so "ffi" refuses them.
+fp8 operands: every implementation; where the fused call cannot run them, None picks XLA's
+collective around its fp8 dot ("reference") rather than the ring.
 
 Fallback has one meaning: what runs when the chosen implementation cannot.  An explicit
 choice has none (the call raises, naming the rule); None falls back to the XLA ring, with a
@@ -77,8 +77,9 @@ def platform() -> str:
 
 
 def ffi_unsupported_reason(platform_name: str, x, w, out_dtype, schedule: Schedule,
-                           tp: int) -> str | None:
-  """Why the fused call cannot run this case on `platform_name` (None: it can)."""
+                           tp: int, fp8: str | None = None) -> str | None:
+  """Why the fused call cannot run this case on `platform_name` (None: it can); `fp8`: the
+  scaling ("tensor" or "block") of x and w as fp8 values with their scales."""
   if platform_name == "cpu":
     return None
   if platform_name not in ("cuda", "gpu"):
@@ -89,6 +90,8 @@ def ffi_unsupported_reason(platform_name: str, x, w, out_dtype, schedule: Schedu
       return f"the CUDA executor does not load: {err}"
     return f"the CUDA executor was not built (no nvcc at install time): {err}"
   from jax_distgemm._src import cuda_rules  # pylint: disable=g-import-not-at-top
+  if fp8:
+    return cuda_rules.fp8_unsupported_reason(x, w, out_dtype, schedule, tp, fp8)
   return cuda_rules.unsupported_reason(x, w, out_dtype, schedule, tp)
 
 
@@ -183,8 +186,9 @@ def match_vma(*arrays):
   return out
 
 
-def _ffi(x, w, c, p: Params, ring_if_unreachable: bool):
-  reason = ffi_unsupported_reason(platform(), x, w, p.out_dtype, p.schedule, p.tp)
+def _ffi(x, w, c, p: Params, ring_if_unreachable: bool, x_scale=None, w_scale=None):
+  scaling = None if x_scale is None else "tensor" if x_scale.ndim == 0 else "block"
+  reason = ffi_unsupported_reason(platform(), x, w, p.out_dtype, p.schedule, p.tp, scaling)
   if reason:
     raise NotImplementedError(f"jax_distgemm implementation='ffi': {reason}")
   if auto := unpartitioned_axes():
@@ -198,11 +202,11 @@ def _ffi(x, w, c, p: Params, ring_if_unreachable: bool):
   c_after = None
   if c is not None and not p.schedule.is_all_gather:
     c, c_after = None, c
-  x, w, c = match_vma(x, w, c)
+  x, w, c, x_scale, w_scale = match_vma(x, w, c, x_scale, w_scale)
   out = primitives.bind(x, w, c, schedule=p.schedule, axis_name=p.axis_name, tp=p.tp,
                         alpha=p.alpha, beta=p.beta, out_dtype=p.out_dtype,
                         timeout_ms=p.timeout_ms, ring_if_unreachable=ring_if_unreachable,
-                        gathered=p.with_operand)
+                        gathered=p.with_operand, x_scale=x_scale, w_scale=w_scale)
   if c_after is not None:
     out = reference.epilogue(out.astype(jnp.float32), c_after, alpha=1.0, beta=p.beta,
                              out_dtype=p.out_dtype)
@@ -221,18 +225,30 @@ def run(x, w, c, p: Params, name: str | None = None):
                                  with_operand=p.with_operand)
 
 
-def choose_fp8(implementation: str | None, vmapped: bool) -> str:
-  """The implementation of an fp8 call: XLA's, until the custom call takes fp8."""
-  name = requested(implementation)
-  if name == "ffi":
-    raise NotImplementedError("jax_distgemm implementation='ffi': the fused call does not take "
-                              "fp8 operands yet; use implementation=None, 'reference' or 'xla'")
-  return name or ("xla" if vmapped else "reference")
+def choose_fp8(x, w, p: Params, vmapped: tuple[str, ...], scaling: str) -> str:
+  """The implementation of an fp8 call with `scaling` (x, w: the operands before any
+  quantization): as `choose`, but where the fused call cannot run it, XLA's collective around
+  its fp8 dot ("reference": a cuBLASLt fp8 GEMM on CUDA) rather than the ring."""
+  if vmapped:
+    return choose_under_vmap(p.implementation, vmapped)
+  if requested(p.implementation) is not None or unpartitioned_axes():
+    return choose(x, w, p)
+  where = platform()
+  if ffi_unsupported_reason(where, x, w, p.out_dtype, p.schedule, p.tp, scaling):
+    return "reference"
+  if where in ("cuda", "gpu"):
+    # NOTE: the fused fp8 call is not yet measured against XLA's fp8 GEMM with its collective
+    # at TP >= 2, so None keeps XLA's path there; implementation="ffi" runs it.
+    return "reference"
+  return "ffi"
 
 
 def run_fp8(x, x_scale, w, w_scale, c, p: Params, name: str):
-  """An fp8 call: "reference" is XLA's collective around the scaled dot (fp8.py); "xla"
-  rotates (values, scales) pairs."""
+  """An fp8 call: "ffi" is the fused call with the scales beside their operands; "reference"
+  XLA's collective around the scaled dot (fp8.py); "xla" rotates (values, scales) pairs."""
+  if name == "ffi":
+    return _ffi(x, w, c, p, ring_if_unreachable=requested(p.implementation) is None,
+                x_scale=x_scale, w_scale=w_scale)
   kwargs = dict(axis_name=p.axis_name, schedule=p.schedule, alpha=p.alpha, beta=p.beta,
                 out_dtype=p.out_dtype)
   if name == "reference":

@@ -11,6 +11,9 @@ The output shape per schedule is `output_shape` below.  Results: [out], or, for 
 schedule bound with gathered=True, [out, the gathered operand] (all_gather(x, rows) for
 RotatingA, all_gather(w, columns) for RotatingB, tiled, in the inputs' dtype): the executor
 holds every shard anyway, so the operand comes without more communication.
+
+fp8 (scaled=True): operands x, x_scale, w, w_scale[, c], fp8 values with their fp32 scales
+(fp8.py), bound to a target of their own; a shard's scales travel with it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +45,8 @@ TARGET_NAME = "jax_distgemm_v1"
 # target under a jax_distgemm from before that result, whose handler would ignore the extra
 # result and leave it unwritten, instead of running with it.
 TARGET_GATHERED = "jax_distgemm_gathered_v1"
-TARGETS = (TARGET_NAME, TARGET_GATHERED)
+TARGET_FP8 = "jax_distgemm_fp8_v1"  # x, x_scale, w, w_scale, c
+TARGETS = (TARGET_NAME, TARGET_GATHERED, TARGET_FP8)
 
 distgemm_p = core.Primitive("jax_distgemm")
 distgemm_p.multiple_results = True
@@ -73,8 +78,9 @@ def in_partition_body() -> bool:
 
 def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float,
          beta: float, out_dtype, timeout_ms: int, ring_if_unreachable: bool = False,
-         gathered: bool = False):
-  """Binds the primitive on (x, w) or (x, w, c); c is cast to out_dtype.
+         gathered: bool = False, x_scale=None, w_scale=None):
+  """Binds the primitive on (x, w) or (x, w, c); c is cast to out_dtype.  With scales (fp8 x
+  and w), on (x, x_scale, w, w_scale[, c]).
 
   Returns out, or (out, gathered operand) with gathered=True (AllGather schedules only).
 
@@ -89,19 +95,34 @@ def bind(x, w, c, *, schedule: Schedule, axis_name: tuple, tp: int, alpha: float
   schedule = Schedule(schedule)
   if gathered and not schedule.is_all_gather:
     raise ValueError(f"gathered: {schedule.name} gathers no operand (AllGather schedules only)")
-  operands = (x, w) if c is None else (x, w, c.astype(out_dtype))
+  scaled = x_scale is not None
+  if scaled and gathered:
+    raise ValueError("gathered: not with fp8 operands")
+  operands = (x, x_scale, w, w_scale) if scaled else (x, w)
+  if c is not None:
+    operands += (c.astype(out_dtype),)
   results = distgemm_p.bind(
       *operands, schedule=schedule, axis_name=tuple(axis_name),
       tp=int(tp), alpha=float(alpha), beta=float(beta), out_dtype=jnp.dtype(out_dtype),
       timeout_ms=int(timeout_ms), call_site=_call_site.get(),
-      ring_if_unreachable=bool(ring_if_unreachable), gathered=bool(gathered))
+      ring_if_unreachable=bool(ring_if_unreachable), gathered=bool(gathered), scaled=scaled)
   return tuple(results) if gathered else results[0]
 
 
+def _split(args, scaled: bool):
+  """(x, x_scale, w, w_scale, c) of the primitive's operands (scales and c may be None)."""
+  if scaled:
+    x, xs, w, ws, *c = args
+  else:
+    (x, w, *c), xs, ws = args, None, None
+  return x, xs, w, ws, (c[0] if c else None)
+
+
 @distgemm_p.def_abstract_eval
-def _abstract_eval(x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
-                   call_site, ring_if_unreachable, gathered):
-  del c, axis_name, alpha, beta, timeout_ms, call_site, ring_if_unreachable
+def _abstract_eval(*args, schedule, axis_name, tp, alpha, beta, out_dtype, timeout_ms,
+                   call_site, ring_if_unreachable, gathered, scaled):
+  del axis_name, alpha, beta, timeout_ms, call_site, ring_if_unreachable
+  x, _, w, _, _ = _split(args, scaled)
   shape = output_shape(schedule, x.shape, w.shape, tp)
   # The results vary over the same manual axes as the (vma-matched) operands.
   sharding = core.get_cur_mesh_sharding()
@@ -147,7 +168,7 @@ def _concrete_mesh(ctx):
   return mesh
 
 
-def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, gathered,
+def _ring_lowering(ctx, *args, schedule, axis_name, alpha, beta, out_dtype, gathered, scaled,
                    why: str, quiet: bool = False):
   """The XLA ring (xla_ring) lowered in the custom call's place, same operands and result;
   a warning at the caller's line says why, unless `quiet`."""
@@ -155,13 +176,16 @@ def _ring_lowering(ctx, x, w, *c, schedule, axis_name, alpha, beta, out_dtype, g
     config.warn(("lowering", why), "jax_distgemm: implementation=None runs the XLA ring here, "
                 f"not the fused call: {why}")
 
-  def ring(x, w, *c):
-    out = xla_ring.distributed_matmul(x, w, c[0] if c else None, axis_name=axis_name,
+  def ring(*args):
+    x, xs, w, ws, c = _split(args, scaled)
+    if scaled:  # scaled operands travel as (values, scales) pairs
+      x, w = (x, xs), (w, ws)
+    out = xla_ring.distributed_matmul(x, w, c, axis_name=axis_name,
                                       schedule=schedule, alpha=alpha, beta=beta,
                                       out_dtype=out_dtype, with_operand=gathered)
     return list(out) if gathered else [out]
 
-  return mlir.lower_fun(ring, multiple_results=True)(ctx, x, w, *c)
+  return mlir.lower_fun(ring, multiple_results=True)(ctx, *args)
 
 
 _EXPORT_PINS_IDS = ("a jax.export artifact of the fused call names its TP groups by the "
@@ -175,13 +199,13 @@ def _mesh_ids(ctx) -> list[int] | str:
     return "of the export's mesh"
 
 
-def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out_dtype,
-              timeout_ms, call_site, ring_if_unreachable, gathered):
+def _lowering(platform, ctx, *args, schedule, axis_name, tp, alpha, beta, out_dtype,
+              timeout_ms, call_site, ring_if_unreachable, gathered, scaled):
   # NOTE: only what the executor cannot reach falls back; a mesh that does not match the
   # axis sizes (check_tp_group) is the caller's error under every implementation.
-  ring = functools.partial(_ring_lowering, ctx, x, w, *c, schedule=schedule,
+  ring = functools.partial(_ring_lowering, ctx, *args, schedule=schedule,
                            axis_name=axis_name, alpha=alpha, beta=beta, out_dtype=out_dtype,
-                           gathered=gathered)
+                           gathered=gathered, scaled=scaled)
   if ctx.module_context.lowering_parameters.for_export:
     # NOTE: the call names its TP groups by global device ids, while an exported artifact may
     # be called on other devices: where the same ids sit in other mesh positions it would pair
@@ -210,13 +234,22 @@ def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out
   device_ids.register(platform)
   if platform == "cpu":
     ffi_modules.register_cpu_targets()
-  if not c:  # the FFI call always takes c: an empty one means "no c"
+  if len(args) == (4 if scaled else 2):  # the FFI call always takes c: empty means "no c"
     empty = core.ShapedArray((0,), out_dtype)
-    c = (mlir.ir_constant(np.zeros((0,), out_dtype)),)
+    args = (*args, mlir.ir_constant(np.zeros((0,), out_dtype)))
     ctx = ctx.replace(avals_in=(*ctx.avals_in, empty))
-  rule = jax.ffi.ffi_lowering(TARGET_GATHERED if gathered else TARGET_NAME)
-  return rule(
-      ctx, x, w, *c,
+  scratch = scaled and platform == "cuda"
+  if scratch:
+    # The CUDA handler writes w^T (and its block scales) to scratch XLA allocates per call:
+    # one more result, dropped below (cc/cuda/executor.h, Fp8ScratchBytes).
+    w_aval, ws_aval = ctx.avals_in[2], ctx.avals_in[3]
+    nbytes = -(-math.prod(w_aval.shape) // 256) * 256 + (
+        4 * math.prod(ws_aval.shape) if ws_aval.ndim else 0)
+    ctx = ctx.replace(avals_out=(*ctx.avals_out, core.ShapedArray((nbytes,), np.uint8)))
+  rule = jax.ffi.ffi_lowering(
+      TARGET_FP8 if scaled else TARGET_GATHERED if gathered else TARGET_NAME)
+  results = rule(
+      ctx, *args,
       schedule=np.int32(int(schedule)),
       tp=np.int64(tp),
       groups=groups.reshape(-1),
@@ -228,6 +261,7 @@ def _lowering(platform, ctx, x, w, *c, schedule, axis_name, tp, alpha, beta, out
       timeout_ms=np.int64(timeout_ms),
       # The ReduceScatter path, fixed here so that every device of the call agrees.
       rs_path=np.int32(0 if schedule.is_all_gather else config.rs_path_override()))
+  return results[:-1] if scratch else results
 
 
 for _platform in ("cpu", "cuda"):
@@ -238,31 +272,54 @@ for _platform in ("cpu", "cuda"):
 # -- vmap: a mapped axis becomes one more leading batch dim ----------------------------------
 
 def _batch_rule(axis_data, args, dims, **params):
-  x, w, *c = args
-  bx, bw, *bc = dims
+  scaled = params["scaled"]
+  x, xs, w, ws, c = _split(args, scaled)
+  bx, bxs, bw, bws, bc = _split(dims, scaled)
   n_out = 2 if params["gathered"] else 1
-  if bx is None and bw is None and all(d is None for d in bc):
+  if all(d is None for d in dims):
     return distgemm_p.bind(*args, **params), [None] * n_out
+  if scaled and xs.ndim == (bxs is not None) and (bxs is not None or bws is not None):
+    # Per-tensor scales mapped by vmap (one per slice): no one call takes them, so a call per
+    # slice.
+    moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    mapped = [i for i, d in enumerate(dims) if d is not None]
+
+    def one(slices):
+      full = list(moved)
+      for i, a in zip(mapped, slices):
+        full[i] = a
+      return distgemm_p.bind(*full, **params)
+
+    return jax.lax.map(one, [moved[i] for i in mapped]), [0] * n_out
 
   def lead(a, d):
     if d is None:
       return jnp.broadcast_to(a, (axis_data.size,) + a.shape)
     return jnp.moveaxis(a, d, 0)
 
-  x = lead(x, bx)
-  if bw is not None or w.ndim > 2:
+  def like_x(a, d):
     # A batched w must carry exactly the batch dims of x.  NOTE: a mapped 2-D w ([v, K, N])
     # beside an x with batch dims of its own ([v, B.., M, K]) gets B.. as ones first: right-
     # aligned broadcasting would pair v with B.
-    w = lead(w, bw)
-    w = w.reshape(w.shape[:1] + (1,) * (x.ndim - w.ndim) + w.shape[1:])
-    w = jnp.broadcast_to(w, x.shape[:-2] + w.shape[-2:])
-  c = [lead(a, d) for a, d in zip(c, bc)]
+    a = lead(a, d)
+    a = a.reshape(a.shape[:1] + (1,) * (x.ndim - a.ndim) + a.shape[1:])
+    return jnp.broadcast_to(a, x.shape[:-2] + a.shape[-2:])
+
+  x = lead(x, bx)
+  w_batched = bw is not None or w.ndim > 2 or (scaled and (bws is not None or ws.ndim > 2))
+  if w_batched:
+    w = like_x(w, bw)
+  if scaled and xs.ndim:  # block scales batch like their operands
+    xs = lead(xs, bxs)
+    ws = like_x(ws, bws) if w_batched else ws
+  c = None if c is None else lead(c, bc)
+  operands = (x, xs, w, ws) if scaled else (x, w)
+  operands += () if c is None else (c,)
   # The gathered operand of RotatingB is w's: unbatched if w still is (x alone was mapped).
   dims_out = [0] * n_out
   if n_out == 2 and params["schedule"] == Schedule.AllGather1D_TilingCD_RotatingB and w.ndim == 2:
     dims_out[1] = None
-  return distgemm_p.bind(x, w, *c, **params), dims_out
+  return distgemm_p.bind(*operands, **params), dims_out
 
 
 batching.fancy_primitive_batchers[distgemm_p] = _batch_rule
