@@ -86,3 +86,12 @@ CUDA_HDRS = [
 CUDA_MODULE_SRCS = [
     "bindings/cuda_module.cc",
 ]
+
+# fp8 stage GEMMs (cuda/fp8_gemm.h) with their registry and the weight transposes: not yet part
+# of the executor; CMake builds them with JAX_DISTGEMM_BUILD_TOOLS=ON, for tests/fp8_gemm_check.
+CUDA_FP8_SRCS = [
+    "cuda/fp8_transpose.cu",
+]
+CUDA_FP8_HDRS = [
+    "cuda/fp8_transpose.h",
+]
