@@ -85,3 +85,20 @@ CUDA_HDRS = [
 CUDA_MODULE_SRCS = [
     "bindings/cuda_module.cc",
 ]
+
+# fp8 stage GEMMs (cuda/fp8_gemm.h) with their registry and the weight transposes: not yet part
+# of the executor; CMake builds them with JAX_DISTGEMM_BUILD_TOOLS=ON, for tests/fp8_gemm_check.
+CUDA_FP8_SRCS = [
+    "cuda/fp8_gemm.cc",
+    "cuda/fp8_transpose.cu",
+    "cuda/sm90_fp8_gemm_block_e4m3_e4m3_coop128x128_c1x2.cu",
+    "cuda/sm90_fp8_gemm_block_e4m3_e4m3_coop128x128_c2x1.cu",
+    "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_coop128x128.cu",
+    "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_coop128x192.cu",
+    "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_coop128x128.cu",
+]
+CUDA_FP8_HDRS = [
+    "cuda/fp8_gemm.h",
+    "cuda/fp8_transpose.h",
+    "cuda/sm90_fp8_gemm.cuh",
+]
