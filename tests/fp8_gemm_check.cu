@@ -90,7 +90,7 @@ struct Options {
   bool check_only = false;
   int64_t batch = 1, pad = 0, sample = 512;
   bool pdl = false;
-  int raster = 0, swizzle = 1, promotion = 4;
+  int raster = 0, swizzle = 1, promotion = 0;  // promotion 0: the library's default
   uint64_t seed = 1234;
   std::string jsonl;
   double tol_tensor_bf16 = 1.25 * 1.7e-3, tol_tensor_f32 = 1e-3;

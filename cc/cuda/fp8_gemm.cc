@@ -62,6 +62,8 @@ const char* Fp8ScalingName(Fp8Scaling s) {
   return "?";
 }
 
+int Fp8DefaultPromotionInterval(ElemType d_type) { return d_type == ElemType::kBF16 ? 8 : 4; }
+
 const Fp8GemmEntry* Fp8GemmEntries(int* count) {
   *count = static_cast<int>(Registry().size());
   return Registry().data();
@@ -134,8 +136,9 @@ std::string CheckFp8Gemm(const Fp8GemmLaunch& g) {
     if (o.scale_a == nullptr || o.scale_b == nullptr) {
       return "fp8 GEMM (per-tensor): scale_a and scale_b must point to device fp32 scalars";
     }
-    if (o.promotion_interval <= 0 || o.promotion_interval % 4 != 0) {
-      return "fp8 GEMM (per-tensor): promotion_interval must be a positive multiple of 4";
+    if (o.promotion_interval < 0 || o.promotion_interval % 4 != 0) {
+      return "fp8 GEMM (per-tensor): promotion_interval must be 0 (the default) or a positive "
+             "multiple of 4";
     }
   } else {
     if (g.a_type != Fp8Type::kE4M3 || g.b_type != Fp8Type::kE4M3) {

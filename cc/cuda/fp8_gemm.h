@@ -7,8 +7,9 @@
 // where sa, sb are fp32 scalars in device memory (read by the kernel, never by the host) and
 // (.)_kb is the product over the 128-wide K block kb (the DeepSeek-V3 recipe: activations
 // scaled per row and 128 of K, weights per 128x128 block).  Accumulation is fp32 with
-// promotion: the tensor cores' partial sums go to fp32 registers every 128 of K (no fp8 "fast
-// accumulation").
+// promotion: the tensor cores' partial sums go to fp32 registers every 128 of K (block scaling;
+// per-tensor: every Fp8GemmOperands::promotion_interval k-blocks), never fp8 "fast
+// accumulation" over all of K.
 //
 // Layouts (fp8 wgmma reads both operands K-major):
 //   A   = x      [batch, M, K]  row-major, lda >= K, batch stride any
@@ -80,9 +81,19 @@ struct Fp8GemmOperands {
   const float* sfb = nullptr;
   int64_t ld_sfb = 0, batch_stride_sfb = 0;
   // Per-tensor only: wgmma k-blocks (32 of K each) between fp32 promotions; a multiple of 4
-  // (the K tile).  4 = every 128 of K, as the block-scaled kernels (fewer: faster, less exact).
-  int promotion_interval = 4;
+  // (the K tile).  4 = every 128 of K, as the block-scaled kernels (more: faster, less exact).
+  // 0: Fp8DefaultPromotionInterval of the output type.
+  int promotion_interval = 0;
 };
+
+// The per-tensor kernels' promotion interval when Fp8GemmOperands::promotion_interval is 0.
+// fp32 output: 4 (every 128 of K, the DeepSeek-V3 recipe), which keeps the error at cuBLASLt's
+// with fp32 accumulation.  bf16 output: 8 (every 256 of K): the longer runs in the tensor
+// cores' accumulator (about 14 bits, per the DeepSeek-V3 report) add error well below the bf16
+// rounding of D, so the output's error stays at cuBLASLt's, and half the promotions (an fp32
+// add per accumulator each) go.  Longer intervals are faster still but leave less margin for
+// inputs whose products share a sign.
+int Fp8DefaultPromotionInterval(ElemType d_type);
 
 struct Fp8GemmLaunch {
   Fp8Scaling scaling = Fp8Scaling::kTensor;

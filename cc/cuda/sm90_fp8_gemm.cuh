@@ -223,7 +223,9 @@ struct StageFp8Gemm {
     } else {
       args.mainloop = {static_cast<const ElementA*>(o.a), stride_a,
                        static_cast<const ElementB*>(o.b), stride_b,
-                       static_cast<uint32_t>(o.promotion_interval)};
+                       static_cast<uint32_t>(o.promotion_interval > 0
+                                                 ? o.promotion_interval
+                                                 : Fp8DefaultPromotionInterval(kD))};
       // Fp8TensorScaledLinComb's arguments, in its tree order: beta, C, (alpha sa sb, acc, *), +.
       args.epilogue.thread = {
           {{beta}, {nullptr}, {}},
