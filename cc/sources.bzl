@@ -86,8 +86,8 @@ CUDA_MODULE_SRCS = [
     "bindings/cuda_module.cc",
 ]
 
-# fp8 stage GEMMs (cuda/fp8_gemm.h) with their registry and the weight transposes: not yet part
-# of the executor; CMake builds them with JAX_DISTGEMM_BUILD_TOOLS=ON, for tests/fp8_gemm_check.
+# fp8 stage GEMMs (cuda/fp8_gemm.h) with their registry and the weight transposes: part of the
+# kernel library, a list of their own.
 CUDA_FP8_SRCS = [
     "cuda/fp8_gemm.cc",
     "cuda/fp8_transpose.cu",

@@ -832,7 +832,7 @@ int main(int argc, char** argv) {
   int cases = 0, failed = 0;
   double* sums = Alloc<double>(2);
   unsigned long long* bad = Alloc<unsigned long long>(2);
-  uint32_t* sync_words = Alloc<uint32_t>(4);
+  jc::Epoch* sync_words = Alloc<jc::Epoch>(4);
   jc::ErrorRecord* sync_error = Alloc<jc::ErrorRecord>(1);
   void* workspace = nullptr;
   size_t workspace_size = 0;
@@ -958,7 +958,7 @@ int main(int argc, char** argv) {
             sync.rank = 0;
             sync.stage = 3;
             sync.peer = 1;
-            const uint32_t arrived[3] = {5, 0, 0};
+            const jc::Epoch arrived[3] = {5, 0, 0};
             CK(cudaMemcpyAsync(sync_words, arrived, sizeof(arrived), cudaMemcpyHostToDevice,
                                stream));
             CK(cudaMemsetAsync(sync_error, 0, sizeof(jc::ErrorRecord), stream));
@@ -968,7 +968,7 @@ int main(int argc, char** argv) {
               CK(cudaStreamSynchronize(stream));
               const ErrorResult es = MeasureError(ref, c, ds[0], nullptr, 1.0, 0.0, sums, bad,
                                                   stream);
-              uint32_t words[3];
+              jc::Epoch words[3];
               jc::ErrorRecord rec;
               CK(cudaMemcpy(words, sync_words, sizeof(words), cudaMemcpyDeviceToHost));
               CK(cudaMemcpy(&rec, sync_error, sizeof(rec), cudaMemcpyDeviceToHost));
@@ -980,7 +980,7 @@ int main(int argc, char** argv) {
               if (words[1] != 9 || words[2] != 5) sync_err += " no signal or seen mark;";
               if (rec.code != 0) sync_err += " error record set;";
               // A flag that never arrives (4 < 5): every CTA leaves after 200 us, D untouched.
-              const uint32_t late[3] = {4, 0, 0};
+              const jc::Epoch late[3] = {4, 0, 0};
               CK(cudaMemcpyAsync(sync_words, late, sizeof(late), cudaMemcpyHostToDevice, stream));
               sync.timeout_ns = 200000;
               FillSentinel(ds[0], c.batch, stream);

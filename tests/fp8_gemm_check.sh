@@ -10,7 +10,7 @@
 #   tests/fp8_gemm_check.sh [path/to/fp8_gemm_check]
 #
 # The binary: $1, else $FP8_CHECK_BIN, else .carry/fp8_gemm_check, else build/fp8/fp8_gemm_check
-# (cmake -S . -B build/fp8 -G Ninja -DJAX_DISTGEMM_BUILD_TOOLS=ON && ninja -C build/fp8 -j1
+# (cmake -S . -B build/fp8 -G Ninja -DJAX_DISTGEMM_BUILD_TESTS=ON && ninja -C build/fp8 -j1
 # fp8_gemm_check on the dev machine).  Env: FP8_SHAPES (MxKxN,...), FP8_REPEATS (30),
 # CHECK_TIMEOUT (150 s), BASELINE_TIMEOUT (200 s), FP8_CHECK_ARGS (more check arguments).
 set -u -o pipefail

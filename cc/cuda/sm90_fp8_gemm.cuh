@@ -275,7 +275,7 @@ struct StageFp8Gemm {
 }  // namespace jax_distgemm::cuda
 
 // The registry entry of one compiled kernel.
-#define JAX_DISTGEMM_FP8_ENTRY(SCALING, CONFIG, A, B, D, HAS_C)                                 \
+#define DISTGEMM_FP8_ENTRY(SCALING, CONFIG, A, B, D, HAS_C)                                 \
   ::jax_distgemm::cuda::Fp8GemmEntry {                                                          \
     SCALING, CONFIG, A, B, D, HAS_C,                                                            \
         &::jax_distgemm::cuda::StageFp8Gemm<SCALING, CONFIG, A, B, D, HAS_C>::Launch,           \

@@ -13,9 +13,9 @@ void AddFp8Gemms_tensor_e4m3_e4m3_coop128x128(std::vector<Fp8GemmEntry>* out) {
   constexpr Fp8Config kConfig = Fp8Config::kCoop128x128_C1x2;
   constexpr Fp8Type kA = Fp8Type::kE4M3, kB = Fp8Type::kE4M3;
   out->insert(out->end(), {
-      JAX_DISTGEMM_FP8_ENTRY(kScaling, kConfig, kA, kB, ElemType::kBF16, false),
-      JAX_DISTGEMM_FP8_ENTRY(kScaling, kConfig, kA, kB, ElemType::kBF16, true),
-      JAX_DISTGEMM_FP8_ENTRY(kScaling, kConfig, kA, kB, ElemType::kF32, true),
+      DISTGEMM_FP8_ENTRY(kScaling, kConfig, kA, kB, ElemType::kBF16, false),
+      DISTGEMM_FP8_ENTRY(kScaling, kConfig, kA, kB, ElemType::kBF16, true),
+      DISTGEMM_FP8_ENTRY(kScaling, kConfig, kA, kB, ElemType::kF32, true),
   });
 }
 
