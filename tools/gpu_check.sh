@@ -43,7 +43,8 @@ install() {
 
 gpu_tests() {
   JAX_DISTGEMM_REQUIRE_GPU=1 step gpu_tests "${TEST_TIMEOUT:-400}" $PY -m pytest -q -p no:cacheprovider \
-    tests/cuda_test.py tests/cuda_tuning_test.py tests/nnx_test.py -k "Cuda or cuda"
+    tests/cuda_test.py tests/cuda_fp8_test.py tests/cuda_tuning_test.py tests/nnx_test.py \
+    -k "Cuda or cuda"
 }
 
 virtual() {
@@ -55,6 +56,19 @@ virtual() {
               "--tp 4 --batch 2" "--tp 4 --f16 1" "--tp 4 --out-f32 1" "--tp 4 --f16 1 --out-f32 1"; do
     step "virtual_${args// /_}" "$t" "$bin" $args
   done
+  # fp8, per tensor and in blocks: every schedule and path at TP 2-8 (a shard of 256 in every
+  # split dim: whole 128-blocks), fp32 out once, and the control.
+  local tp scaling
+  for tp in 2 3 4 5 6 7 8; do
+    for scaling in tensor block; do
+      step "virtual_fp8_${scaling}_tp$tp" "$t" "$bin" --tp $tp --fp8 $scaling \
+        --m $((256 * tp)) --n $((256 * tp)) --k $((256 * tp))
+    done
+  done
+  step virtual_fp8_block_tp4_f32 "$t" "$bin" --tp 4 --fp8 block --out-f32 1
+  timeout "$t" "$bin" --tp 4 --fp8 block --control 1 > "$OUT/virtual_fp8_control.log" 2>&1
+  log "virtual_fp8_control: $(grep -c 'control OK' "$OUT/virtual_fp8_control.log") cases caught, $(grep -c 'not caught' "$OUT/virtual_fp8_control.log") not"
+  grep -q 'not caught' "$OUT/virtual_fp8_control.log" && FAILED=1
   # Every case back to back, no synchronization between calls.
   for args in "--tp 2" "--tp 3 $odd" "--tp 4"; do
     step "virtual_seq_${args// /_}" "$t" "$bin" --sequence 1 $args

@@ -24,6 +24,9 @@ NB_MODULE(_distgemm_cuda, m) {
     // The same handler, for calls that also return the gathered operand (primitives.py).
     d["jax_distgemm_gathered_v1"] =
         jax_distgemm::EncapsulateFfiHandler(jax_distgemm::cuda::DistGemmCuda);
+    // fp8 x and w with their scales, and a scratch result for w^T (primitives.py).
+    d["jax_distgemm_fp8_v1"] =
+        jax_distgemm::EncapsulateFfiHandler(jax_distgemm::cuda::DistGemmFp8Cuda);
     return d;
   });
   m.def("set_device_ids", [](std::vector<int32_t> ordinals, std::vector<int64_t> ids) {

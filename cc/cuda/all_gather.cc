@@ -31,8 +31,11 @@ namespace {
 // 1650 / (the stage's n for RotatingA, m for RotatingB), and from 0.6 on CTAs wait for it.
 int AgChunks(const Problem& p, const CallOptions& o, bool fused) {
   const bool rot_a = p.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA;
-  // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch.
-  if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched)) return 1;
+  // Chunks are row blocks of x (RotatingA) or column blocks of w (RotatingB) of one batch;
+  // fp8 shards travel whole, their scales after them.
+  if (p.tp == 1 || p.batch != 1 || (!rot_a && p.w_batched) || p.scaling != Scaling::kNone) {
+    return 1;
+  }
   int asked = o.ag_chunks;
   if (asked <= 0) asked = fused && 1650.0 / static_cast<double>(rot_a ? p.sn() : p.sm()) >= 0.6
                               ? 2 : 1;
@@ -112,6 +115,7 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
   const int chunks = AgChunks(p, o, fused);
   const int64_t extent = kRotA ? p.xm : p.wn;  // split dimension of the shard
   const size_t isz = ElemSize(p.in_type);
+  const size_t scale_bytes = (kRotA ? p.XScaleElems() : p.WScaleElems()) * sizeof(float);
   const bool gather_out = b.gathered != nullptr && tp > 1;
   if (b.gathered != nullptr && tp == 1) {  // the gathered operand is the shard itself
     if (cudaError_t e = CopyIntoGathered(p, 0, shard, b.gathered, stream); e != cudaSuccess) {
@@ -143,6 +147,10 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
                                   p.wn * isz, (hi - lo) * isz, p.wk, cudaMemcpyDeviceToDevice,
                                   me.copy_stream);
           }
+        }
+        if (e == cudaSuccess && p.scaling != Scaling::kNone) {  // (one chunk: AgChunks)
+          e = cudaMemcpyAsync(dst + SlotScaleOffset(p), kRotA ? b.x_scale : b.w_scale,
+                              scale_bytes, cudaMemcpyDeviceToDevice, me.copy_stream);
         }
         if (e == cudaSuccess) {
           e = StreamWriteValue64(me.copy_stream, target.flags + FlagIndex(i, c), epoch);
@@ -212,9 +220,15 @@ std::string EnqueueAllGatherOf(const Problem& p, int rank, PeerGroup& group, con
         const int64_t d_off = kRotA ? lo * ov.ld : lo;
         if (kRotA) g.ops.m = hi - lo; else g.ops.n = hi - lo;
         SetA(g.ops, kRotA ? At(rotating, a_off, p.in_type) : At(b.x, av.offset, p.in_type), av);
-        SetB(g.ops, kRotA ? At(b.w, bv.offset, p.in_type) : At(rotating, b_off, p.in_type), bv);
+        SetB(g.ops, kRotA ? At(b.w, bv.offset, p.w_type) : At(rotating, b_off, p.w_type), bv);
         SetD(g.ops, At(b.out, ov.offset + d_off, p.out_type), ov);
         if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset + d_off, p.out_type), ov, p.beta);
+        if (p.scaling != Scaling::kNone) {  // the rotating shard's scales came with it
+          const float* rot = i == 0 ? (kRotA ? b.x_scale : b.w_scale)
+                                    : reinterpret_cast<const float*>(
+                                          Slot(me, p, epoch, i - 1) + SlotScaleOffset(p));
+          SetStageScales(g, p, tile, kRotA ? rot : b.x_scale, kRotA ? b.w_scale : rot);
+        }
         if (i > 0) {
           SetWait(g.sync, me.flags, i, c, epoch, Sched::Source(rank, i, tp));
           if (gather_out) g.sync.seen_flag = me.flags + SeenMark(i, c);

@@ -32,28 +32,16 @@ bool SyncCheck() {
   return v == 1;
 }
 
-ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
-                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
-                            ffi::Result<ffi::AnyBuffer> out,
-                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
-                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
-                            int32_t rs_path) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
-  Problem p;
-  if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
-  if (p.in_type == ElemType::kF32) {
-    return InvalidArgument("x, w: float32 inputs are not supported by the CUDA executor "
-                           "(bfloat16 or float16; implementation='xla' runs float32)");
-  }
+// Checks what both targets share, then meets the group and enqueues the call.
+ffi::Error RunCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+                   const Problem& p, const CallAttrs& attrs, const CallBuffers& buffers) {
+  const int64_t tp = attrs.tp, timeout_ms = attrs.timeout_ms;
+  const ffi::Span<const int64_t>& groups = attrs.groups;
   if (p.has_c && !IsAllGather(p.schedule)) {
     return InvalidArgument("c: the CUDA ReduceScatter executor takes no c (the Python wrapper "
                            "adds beta * c after the call)");
   }
   if (tp > kMaxTp) return InvalidArgument("tp: at most 64 on CUDA");
-  if (gathered.has_value()) {
-    if (auto err = DecodeGathered(x, w, **gathered, p); err.failure()) return err;
-  }
 
   // Rank and group: the attribute holds global device ids; map them to local ordinals.
   const int64_t my_id = GlobalDeviceId(kPlatformCuda, device_ordinal);
@@ -90,9 +78,6 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   if (cudaSetDevice(device_ordinal) != cudaSuccess) {
     return Internal("cudaSetDevice failed: " + std::string(cudaGetErrorString(cudaGetLastError())));
   }
-  CallBuffers buffers{x.untyped_data(), w.untyped_data(),
-                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data(),
-                      gathered.has_value() ? (*gathered)->untyped_data() : nullptr};
   CallOptions options;
   options.timeout_ms = timeout_ms;
   const int fault_kind = device_ordinal == g_fault_device.load() ? g_fault_kind.load() : -1;
@@ -100,7 +85,7 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
   options.skip_push_done = fault_kind == 1;
   static const bool poison = EnvFlag("JAX_DISTGEMM_POISON_OUTPUT");
   options.poison_output = poison;
-  options.rs_path = rs_path;
+  options.rs_path = attrs.rs_path;
   if (std::string err = group->EnsureReady(rank, WorkspaceBytes(p, options.rs_path), stream,
                                            run_id.run_id, timeout_ms);
       !err.empty()) {
@@ -115,6 +100,83 @@ ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t devi
     if (std::string err = group->PendingError(); !err.empty()) return Internal(err);
   }
   return ffi::Error::Success();
+}
+
+ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
+                            ffi::Result<ffi::AnyBuffer> out,
+                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
+                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
+                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
+                            int32_t rs_path) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
+  Problem p;
+  if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
+  if (p.in_type == ElemType::kF32) {
+    return InvalidArgument("x, w: float32 inputs are not supported by the CUDA executor "
+                           "(bfloat16 or float16; implementation='xla' runs float32)");
+  }
+  if (gathered.has_value()) {
+    if (auto err = DecodeGathered(x, w, **gathered, p); err.failure()) return err;
+  }
+  CallBuffers buffers{x.untyped_data(), w.untyped_data(),
+                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data(),
+                      gathered.has_value() ? (*gathered)->untyped_data() : nullptr};
+  return RunCall(stream, run_id, device_ordinal, p, attrs, buffers);
+}
+
+ffi::Error DistGemmFp8CudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+                               ffi::AnyBuffer x, ffi::AnyBuffer x_scale, ffi::AnyBuffer w,
+                               ffi::AnyBuffer w_scale, ffi::AnyBuffer c,
+                               ffi::Result<ffi::AnyBuffer> out,
+                               ffi::Result<ffi::AnyBuffer> scratch, int32_t schedule,
+                               int64_t tp, ffi::Span<const int64_t> groups, float alpha,
+                               float beta, int64_t call_id, int64_t timeout_ms,
+                               int32_t rs_path) {
+  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
+  Problem p;
+  if (auto err = DecodeFp8Problem(x, x_scale, w, w_scale, c, *out, attrs, &p); err.failure()) {
+    return err;
+  }
+  if (p.scaling == Scaling::kBlock &&
+      (p.in_type != ElemType::kF8E4M3 || p.w_type != ElemType::kF8E4M3)) {
+    return InvalidArgument("x, w: block-scaled fp8 on CUDA is float8_e4m3fn x float8_e4m3fn");
+  }
+  if (p.w_type != ElemType::kF8E4M3) {
+    return InvalidArgument("w: fp8 on CUDA takes a float8_e4m3fn w (x: e4m3 or e5m2)");
+  }
+  if (p.xk % 16 != 0 || p.wn % 16 != 0) {
+    return InvalidArgument("x, w: fp8 on CUDA needs K and the local N to be multiples of 16 "
+                           "(the transposed w's rows and columns)");
+  }
+  const size_t need = Fp8ScratchBytes(p);
+  if (scratch->size_bytes() < need) {
+    return InvalidArgument("scratch: " + std::to_string(scratch->size_bytes()) +
+                           " bytes, the call needs " + std::to_string(need));
+  }
+  CallBuffers buffers{x.untyped_data(), w.untyped_data(),
+                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data(), nullptr,
+                      static_cast<const float*>(x_scale.untyped_data()),
+                      static_cast<const float*>(w_scale.untyped_data()),
+                      scratch->untyped_data()};
+  return RunCall(stream, run_id, device_ordinal, p, attrs, buffers);
+}
+
+ffi::Error DistGemmFp8CudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+                               ffi::AnyBuffer x, ffi::AnyBuffer x_scale, ffi::AnyBuffer w,
+                               ffi::AnyBuffer w_scale, ffi::AnyBuffer c,
+                               ffi::Result<ffi::AnyBuffer> out,
+                               ffi::Result<ffi::AnyBuffer> scratch, int32_t schedule,
+                               int64_t tp, ffi::Span<const int64_t> groups, float alpha,
+                               float beta, int64_t call_id, int64_t timeout_ms,
+                               int32_t rs_path) {
+  try {
+    return DistGemmFp8CudaCall(stream, run_id, device_ordinal, x, x_scale, w, w_scale, c, out,
+                               scratch, schedule, tp, groups, alpha, beta, call_id, timeout_ms,
+                               rs_path);
+  } catch (const std::exception& e) {
+    return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
+  }
 }
 
 // No exception may cross the FFI boundary (std::terminate would take the process down).
@@ -202,6 +264,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()                     // c (output dtype; 0 elements if absent)
         .Ret<ffi::AnyBuffer>()                     // out
         .OptionalRet<ffi::AnyBuffer>()             // gathered operand (AllGather; if asked)
+        .Attr<int32_t>("schedule")                 // ScheduleKind
+        .Attr<int64_t>("tp")                       // TP group size
+        .Attr<ffi::Span<const int64_t>>("groups")  // global device ids, [G, tp]
+        .Attr<float>("alpha")                      // out = alpha * x @ w ...
+        .Attr<float>("beta")                       // ... + beta * c
+        .Attr<int64_t>("call_id")                  // call site (unused on CUDA)
+        .Attr<int64_t>("timeout_ms")               // bound on every flag wait
+        .Attr<int32_t>("rs_path"));                // RsPath asked for; 0: automatic
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    DistGemmFp8Cuda, DistGemmFp8CudaImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's compute stream
+        .Ctx<ffi::RunId>()                         // rendezvous key for workspace setup
+        .Ctx<ffi::DeviceOrdinal>()                 // this device
+        .Arg<ffi::AnyBuffer>()                     // x (fp8)
+        .Arg<ffi::AnyBuffer>()                     // x_scale (fp32, [] or blocks)
+        .Arg<ffi::AnyBuffer>()                     // w (fp8)
+        .Arg<ffi::AnyBuffer>()                     // w_scale (fp32, [] or blocks)
+        .Arg<ffi::AnyBuffer>()                     // c (output dtype; 0 elements if absent)
+        .Ret<ffi::AnyBuffer>()                     // out (bf16 or fp32)
+        .Ret<ffi::AnyBuffer>()                     // scratch: w^T and its scales (u8)
         .Attr<int32_t>("schedule")                 // ScheduleKind
         .Attr<int64_t>("tp")                       // TP group size
         .Attr<ffi::Span<const int64_t>>("groups")  // global device ids, [G, tp]

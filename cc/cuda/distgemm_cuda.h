@@ -10,6 +10,7 @@
 namespace jax_distgemm::cuda {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(DistGemmFp8Cuda);  // fp8 x and w with their scales
 
 // Test hooks and recovery (exposed by the nanobind module).
 // Test hook: device `ordinal` (-1: none) misbehaves.  kind 0: it never delivers to its peers

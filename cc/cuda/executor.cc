@@ -10,6 +10,8 @@
 #include "cc/cuda/autotune.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/executor_internal.h"
+#include "cc/cuda/fp8_gemm.h"
+#include "cc/cuda/fp8_transpose.h"
 
 namespace jax_distgemm::cuda {
 namespace internal {
@@ -62,12 +64,81 @@ GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions&
   return g;
 }
 
-std::string Launch(GemmLaunch& g, cudaStream_t stream, int stage) {
-  if (std::string err = ChooseConfig(g, stream); !err.empty()) return err;
-  if (GemmWorkspaceBytes(g) > kCutlassWorkspaceBytes) {
-    return "stage GEMM needs more CUTLASS workspace than reserved";
+namespace {
+
+Fp8Type ToFp8Type(ElemType t) { return t == ElemType::kF8E5M2 ? Fp8Type::kE5M2 : Fp8Type::kE4M3; }
+
+// An fp8 stage: the launch as fp8_gemm.h's, with the first compiled config (no tuning).
+std::string LaunchFp8Stage(const GemmLaunch& g, cudaStream_t stream) {
+  Fp8GemmLaunch f;
+  f.scaling = g.fp8.scaling == Scaling::kBlock ? Fp8Scaling::kBlock : Fp8Scaling::kTensor;
+  f.a_type = ToFp8Type(g.ab_type);
+  f.b_type = ToFp8Type(g.fp8.b_type);
+  f.d_type = g.d_type;
+  Fp8Config configs[kNumFp8Configs];
+  if (Fp8AvailableConfigs(f.scaling, f.a_type, f.b_type, f.d_type, g.ops.c != nullptr, configs,
+                          kNumFp8Configs) == 0) {
+    return std::string("no ") + Fp8ScalingName(f.scaling) + " fp8 stage GEMM is compiled for " +
+           ElemName(g.ab_type) + " x " + ElemName(g.fp8.b_type) + " -> " + ElemName(g.d_type);
   }
-  std::string err = LaunchGemm(g, stream);
+  f.config = configs[0];
+  const GemmOperands& o = g.ops;
+  Fp8GemmOperands& q = f.ops;
+  q.m = o.m, q.n = o.n, q.k = o.k, q.batch = o.batch;
+  q.a = o.a, q.lda = o.lda, q.batch_stride_a = o.batch_stride_a;
+  q.b = o.b, q.ldb = o.ldb, q.batch_stride_b = o.batch_stride_b;
+  q.c = o.c, q.ldc = o.ldc, q.batch_stride_c = o.batch_stride_c;
+  q.d = o.d, q.ldd = o.ldd, q.batch_stride_d = o.batch_stride_d;
+  q.alpha = o.alpha, q.beta = o.beta;
+  if (f.scaling == Fp8Scaling::kTensor) {
+    q.scale_a = g.fp8.a;
+    q.scale_b = g.fp8.b;
+  } else {
+    q.sfa = g.fp8.a + g.fp8.a_view.offset;
+    q.ld_sfa = g.fp8.a_view.ld;
+    q.batch_stride_sfa = g.fp8.a_view.batch_stride;
+    q.sfb = g.fp8.b + g.fp8.b_view.offset;
+    q.ld_sfb = g.fp8.b_view.ld;
+    q.batch_stride_sfb = g.fp8.b_view.batch_stride;
+  }
+  f.sync = g.sync;
+  f.device = g.device;
+  f.sm_count = g.sm_count;
+  // Tile order, the faster on an H100 at large stage shapes: swizzled rows share B's panels.
+  f.max_swizzle = f.scaling == Fp8Scaling::kTensor ? 8 : 4;
+  f.raster = f.scaling == Fp8Scaling::kTensor ? 0 : 1;
+  f.pdl = g.pdl;
+  f.workspace = g.workspace;
+  if (Fp8GemmWorkspaceBytes(f) > kCutlassWorkspaceBytes) {
+    return "fp8 stage GEMM needs more CUTLASS workspace than reserved";
+  }
+  return LaunchFp8Gemm(f, stream);
+}
+
+}  // namespace
+
+void SetStageScales(GemmLaunch& g, const Problem& p, int tile, const float* a, const float* b) {
+  g.fp8.scaling = p.scaling;
+  g.fp8.b_type = p.w_type;
+  g.fp8.a = a;
+  g.fp8.b = b;
+  if (p.scaling == Scaling::kBlock) {
+    g.fp8.a_view = p.AScaleView(tile);
+    g.fp8.b_view = p.BScaleView(tile);
+  }
+}
+
+std::string Launch(GemmLaunch& g, cudaStream_t stream, int stage) {
+  std::string err;
+  if (IsFp8(g.ab_type)) {
+    err = LaunchFp8Stage(g, stream);
+  } else {
+    if (std::string e = ChooseConfig(g, stream); !e.empty()) return e;
+    if (GemmWorkspaceBytes(g) > kCutlassWorkspaceBytes) {
+      return "stage GEMM needs more CUTLASS workspace than reserved";
+    }
+    err = LaunchGemm(g, stream);
+  }
   if (!err.empty()) {
     std::ostringstream m;
     m << "stage " << stage << ": " << err;
@@ -106,10 +177,45 @@ std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
       return internal::CudaFailure("poison");
     }
   }
+  if (p.scaling != Scaling::kNone) {
+    // fp8 wgmma reads B K-major: the stages read w^T (and its block scales transposed alike),
+    // written to the call's scratch first; a RotatingB shard travels transposed.
+    // NOTE: w^T costs a read and a write of w per call, on the stages' path.
+    Problem q = p;
+    q.w_k_major = true;
+    CallBuffers b = buffers;
+    const int64_t wl = p.w_batched ? p.batch : 1;
+    uint8_t* wt = static_cast<uint8_t*>(buffers.scratch);
+    if (std::string err = Fp8TransposeWeights(buffers.w, p.wn, p.wk * p.wn, wt, p.wk,
+                                              p.wk * p.wn, p.wk, p.wn, wl, stream);
+        !err.empty()) {
+      return "w^T: " + err;
+    }
+    b.w = wt;
+    if (p.scaling == Scaling::kBlock) {
+      const int64_t kb = p.wk / kScaleBlock, nb = p.wn / kScaleBlock;
+      float* st = reinterpret_cast<float*>(wt + RoundUp(p.WElems(), kSlotAlign));
+      if (std::string err = Fp8TransposeBlockScales(buffers.w_scale, nb, kb * nb, st, kb,
+                                                    kb * nb, kb, nb, wl, stream);
+          !err.empty()) {
+        return "w_scale^T: " + err;
+      }
+      b.w_scale = st;
+    }
+    if (IsAllGather(q.schedule)) {
+      return internal::EnqueueAllGather(q, rank, group, b, options, stream, epoch);
+    }
+    return internal::EnqueueReduceScatter(q, rank, group, b, options, stream, epoch);
+  }
   if (IsAllGather(p.schedule)) {
     return internal::EnqueueAllGather(p, rank, group, buffers, options, stream, epoch);
   }
   return internal::EnqueueReduceScatter(p, rank, group, buffers, options, stream, epoch);
+}
+
+size_t Fp8ScratchBytes(const Problem& p) {
+  return RoundUp(p.WElems(), kSlotAlign) +
+         (p.scaling == Scaling::kBlock ? p.WScaleElems() * sizeof(float) : 0);
 }
 
 }  // namespace jax_distgemm::cuda

@@ -99,7 +99,12 @@ int NonEmptyChunks(int64_t extent, int want);
 GemmLaunch BaseLaunch(const Problem& p, const DeviceState& d, const CallOptions& o,
                       ErrorRecord* error, int rank);
 
-// Tunes (first use of a shape) and enqueues one stage GEMM; errors name `stage`.
+// fp8: the scales of a stage of `tile` whose A scales start at `a` and B's at `b` (scalars, or
+// block scales laid out as the call's x_scale and w_scale; Problem::AScaleView, BScaleView).
+void SetStageScales(GemmLaunch& g, const Problem& p, int tile, const float* a, const float* b);
+
+// Tunes (first use of a shape; fp8: the first compiled config) and enqueues one stage GEMM;
+// errors name `stage`.
 std::string Launch(GemmLaunch& g, cudaStream_t stream, int stage);
 
 // The failure of the last CUDA call, named after what it was doing.

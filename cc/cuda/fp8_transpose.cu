@@ -128,4 +128,15 @@ std::string Fp8TransposeBlockScales(const float* in, int64_t ld_in, int64_t batc
   return e == cudaSuccess ? "" : std::string("Fp8TransposeBlockScales: ") + cudaGetErrorString(e);
 }
 
+std::string PrepareFp8Transposes() {
+  cudaFuncAttributes attrs;
+  for (const void* f : {reinterpret_cast<const void*>(&TransposeFp8Kernel),
+                        reinterpret_cast<const void*>(&TransposeScalesKernel)}) {
+    if (cudaError_t e = cudaFuncGetAttributes(&attrs, f); e != cudaSuccess) {
+      return std::string("PrepareFp8Transposes: ") + cudaGetErrorString(e);
+    }
+  }
+  return "";
+}
+
 }  // namespace jax_distgemm::cuda

@@ -79,10 +79,24 @@ struct FusedStages {
   int64_t shard_chunk_size = 0, shard_extent = 0;
 };
 
+// An fp8 stage (ab_type fp8: GemmOperands' B is then B^T [N, K], K-major, as fp8 wgmma reads
+// it; Problem::w_k_major): w's type and the fp32 scales of A and B, scalars (kTensor) or, for
+// kBlock, scale matrices whose views (in elements, offset included) are Problem::AScaleView's
+// and BScaleView's.  Launched by fp8_gemm.h's kernels (executor.cc, Launch).
+struct Fp8Scales {
+  Scaling scaling = Scaling::kNone;
+  ElemType b_type = ElemType::kF8E4M3;
+  const float* a = nullptr;
+  MatrixView a_view;
+  const float* b = nullptr;
+  MatrixView b_view;
+};
+
 struct GemmLaunch {
   GemmConfig config = GemmConfig::kCoop128x256_C2x1;
-  ElemType ab_type = ElemType::kBF16;
+  ElemType ab_type = ElemType::kBF16;  // A's (and, but for fp8, B's) type
   ElemType d_type = ElemType::kBF16;  // C, when present, has D's type
+  Fp8Scales fp8;
   GemmOperands ops;  // shape, leading dims, alpha/beta; pointers unless fused.count > 0
   StageSync sync;
   FusedStages fused;

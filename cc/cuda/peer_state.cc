@@ -9,6 +9,8 @@
 
 #include "cc/common/rendezvous.h"
 #include "cc/cuda/cuda_check.h"
+#include "cc/cuda/fp8_gemm.h"
+#include "cc/cuda/fp8_transpose.h"
 #include "cc/cuda/gemm_kernels.h"
 
 namespace jax_distgemm::cuda {
@@ -78,6 +80,8 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   JDG_RETURN_IF_CUDA_ERROR(cudaMemset(d.gemm_scratch, 0, kGemmScratchBytes));
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
+  if (std::string err = PrepareFp8GemmKernels(); !err.empty()) return err;
+  if (std::string err = PrepareFp8Transposes(); !err.empty()) return err;
   JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   return "";
 }

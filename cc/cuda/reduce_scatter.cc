@@ -98,7 +98,7 @@ void SetCopyRingChunkOperands(GemmOperands& o, const Problem& p, const CallBuffe
   const MatrixView pv = p.PartialView();
   o.m = k.hi - k.lo;
   SetA(o, At(b.x, av.offset + k.lo * av.ld, p.in_type), av);
-  SetB(o, At(b.w, bv.offset, p.in_type), bv);
+  SetB(o, At(b.w, bv.offset, p.w_type), bv);
   if (k.send == nullptr) {
     SetD(o, At(b.out, ov.offset + k.lo * ov.ld, p.out_type), ov);
   } else {
@@ -145,7 +145,12 @@ std::string EnqueueRsCopyRing(const Problem& p, int rank, PeerGroup& group, cons
     for (int c = 0; c < chunks; ++c) {
       const CopyRingChunk k = CopyRingChunkAt(p, me, epoch, i, c, chunks);
       GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-      SetCopyRingChunkOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), k);
+      const int tile = Sched::OutputTile(rank, i, tp);
+      SetCopyRingChunkOperands(g.ops, p, b, tile, k);
+      if (p.scaling != Scaling::kNone) {
+        SetStageScales(g, p, tile, b.x_scale, b.w_scale);
+        g.fp8.a_view.offset += k.lo * g.fp8.a_view.ld;  // the chunk's rows (block scales)
+      }
       if (i > 0) {
         // The left neighbour's running sum, pushed here.
         SetC(g.ops, k.recv_rows, pv, 1.f);
@@ -183,7 +188,7 @@ void SetRsStageOperands(GemmOperands& o, const Problem& p, const CallBuffers& b,
                         bool last, void* sum_slot) {
   const MatrixView av = p.AView(tile), bv = p.BView(tile);
   SetA(o, At(b.x, av.offset, p.in_type), av);
-  SetB(o, At(b.w, bv.offset, p.in_type), bv);
+  SetB(o, At(b.w, bv.offset, p.w_type), bv);
   if (last) {
     const MatrixView ov = p.OutView(tile);
     SetD(o, At(b.out, ov.offset, p.out_type), ov);
@@ -206,8 +211,9 @@ std::string EnqueueRsRemoteC(const Problem& p, int rank, PeerGroup& group, const
   for (int i = 0; i < tp; ++i) {
     const bool last = i == tp - 1;
     GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-    SetRsStageOperands(g.ops, p, b, Sched::OutputTile(rank, i, tp), last,
-                       last ? nullptr : Slot(me, p, epoch, i));
+    const int tile = Sched::OutputTile(rank, i, tp);
+    SetRsStageOperands(g.ops, p, b, tile, last, last ? nullptr : Slot(me, p, epoch, i));
+    if (p.scaling != Scaling::kNone) SetStageScales(g, p, tile, b.x_scale, b.w_scale);
     if (i > 0) {
       SetC(g.ops, Slot(prev, p, epoch, i - 1), pv, 1.f);  // the left neighbour's running sum
       SetWait(g.sync, RingFlags(me), i, 0, epoch, Sched::Source(rank, i, tp));
@@ -242,11 +248,15 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
                             const CallOptions& o, cudaStream_t stream, Epoch epoch) {
   DeviceState& me = group.dev(rank);
   const int tp = p.tp;
-  const size_t isz = ElemSize(p.in_type);
-  const size_t x_bytes = static_cast<size_t>(p.sm() * p.xk) * isz;
-  const size_t w_bytes = static_cast<size_t>(p.WElems()) * isz;
+  const size_t x_bytes = static_cast<size_t>(p.sm() * p.xk) * ElemSize(p.in_type);
+  const size_t w_bytes = static_cast<size_t>(p.WElems()) * ElemSize(p.w_type);
   const size_t w_at = GatherWOffset(p);  // the w shard's offset in a slot
   const int my_tile = Sched::OutputTile(rank, tp - 1, tp);
+  // fp8: the x rows' scales and w's travel after them (GatherXScaleOffset, GatherWScaleOffset).
+  const bool scaled = p.scaling != Scaling::kNone;
+  const bool block = p.scaling == Scaling::kBlock;
+  const size_t xs_bytes = (block ? p.sm() * (p.xk / kScaleBlock) : 1) * sizeof(float);
+  const size_t ws_bytes = p.WScaleElems() * sizeof(float);
 
   // Pushes on the copy stream, after the inputs are ready on the main stream.
   if (cudaEventRecord(me.fork, stream) != cudaSuccess ||
@@ -263,6 +273,16 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
     if (e == cudaSuccess) {
       e = cudaMemcpyAsync(dst + w_at, b.w, w_bytes, cudaMemcpyDeviceToDevice, me.copy_stream);
     }
+    if (e == cudaSuccess && scaled) {
+      const float* xs = block ? b.x_scale + p.AScaleView(Sched::OutputTile(t, tp - 1, tp)).offset
+                              : b.x_scale;
+      e = cudaMemcpyAsync(dst + GatherXScaleOffset(p), xs, xs_bytes, cudaMemcpyDeviceToDevice,
+                          me.copy_stream);
+      if (e == cudaSuccess) {
+        e = cudaMemcpyAsync(dst + GatherWScaleOffset(p), b.w_scale, ws_bytes,
+                            cudaMemcpyDeviceToDevice, me.copy_stream);
+      }
+    }
     if (e == cudaSuccess) {
       e = StreamWriteValue64(me.copy_stream, target.flags + FlagIndex(i, 0), epoch);
     }
@@ -274,15 +294,24 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
 
   const MatrixView av = p.AView(my_tile), bv = p.BView(my_tile), ov = p.OutView(my_tile);
   const MatrixView pv = p.PartialView();
-  // Stage i's A, B (its own shard at stage 0, else slot i-1) and D (running sum i, or out).
-  auto set_stage = [&](GemmOperands& ops, int i) {
+  // Stage i's A, B (its own shard at stage 0, else slot i-1), their scales (fp8) and D
+  // (running sum i, or out).
+  auto set_stage = [&](GemmLaunch& g, int i) {
+    GemmOperands& ops = g.ops;
     if (i == 0) {
       SetA(ops, At(b.x, av.offset, p.in_type), av);
-      SetB(ops, At(b.w, bv.offset, p.in_type), bv);
+      SetB(ops, At(b.w, bv.offset, p.w_type), bv);
+      if (scaled) SetStageScales(g, p, my_tile, b.x_scale, b.w_scale);
     } else {
       const uint8_t* slot = GatherSlot(me, p, epoch, i - 1);
       SetA(ops, slot, MatrixView{0, p.xk, p.sm() * p.xk});
-      SetB(ops, slot + w_at, MatrixView{0, p.wn, 0});
+      SetB(ops, slot + w_at, MatrixView{0, bv.ld, 0});
+      if (scaled) {
+        SetStageScales(g, p, my_tile,
+                       reinterpret_cast<const float*>(slot + GatherXScaleOffset(p)),
+                       reinterpret_cast<const float*>(slot + GatherWScaleOffset(p)));
+        g.fp8.a_view.offset = 0;  // the slot holds the block's rows only
+      }
     }
     if (i == tp - 1) {
       SetD(ops, At(b.out, ov.offset, p.out_type), ov);
@@ -292,7 +321,7 @@ std::string EnqueueRsGather(const Problem& p, int rank, PeerGroup& group, const 
   };
   for (int i = 0; i < tp; ++i) {
     GemmLaunch g = BaseLaunch(p, me, o, group.error(), rank);
-    set_stage(g.ops, i);
+    set_stage(g, i);
     if (i == 0) {
       if (b.c != nullptr) SetC(g.ops, At(b.c, ov.offset, p.out_type), ov, p.beta);
     } else {

@@ -22,7 +22,7 @@
 //   build/virtual_group_check [--tp 4] [--m 2048 --n 2048 --k 1024] [--calls 3]
 //       [--batch L] [--f16 1] [--out-f32 1] [--timeout-ms 3000] [--case I] [--verbose 1]
 //       [--control 1] [--fault 1 [--start-epoch E | --late-peer 1 | --hold-copies 1]]
-//       [--group-per-case 1] [--sequence 1] [--max-lead 2]
+//       [--group-per-case 1] [--sequence 1] [--max-lead 2] [--fp8 tensor|block]
 //       [--progress 1] [--deadline-s S]
 // Prints one line per (schedule, path) and "ALL OK" / "FAILED"; exit status 0 / 1.
 // --sequence 1: instead, every case once per round (--calls rounds), all enqueued back to back
@@ -32,6 +32,7 @@
 // end, all_gather.cc CopyGathered) and ranks 1..TP-1 report the peer timeout.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,7 +64,12 @@ namespace {
 bool g_f16 = false;
 bool g_out_f32 = false;
 int64_t g_batch = 1;
+// --fp8 tensor|block: x and w float8_e4m3fn with their scales (distinct per rank and, for
+// block, per block, so that a scale applied to another shard's values is far off); the
+// reference multiplies the dequantized operands in fp32.
+jdg::Scaling g_fp8 = jdg::Scaling::kNone;
 
+__device__ float ToF(float v) { return v; }
 __device__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ float ToF(__half v) { return __half2float(v); }
 __device__ void FromF(float f, __nv_bfloat16* p) { *p = __float2bfloat16(f); }
@@ -86,7 +92,11 @@ void Ref(const void* a, int64_t a_off, int64_t lda, const void* b, int64_t b_off
          float* d, int64_t ldd, int64_t m, int64_t n, int64_t k, bool accumulate) {
   dim3 block(32, 8);
   dim3 grid(unsigned((n + 31) / 32), unsigned((m + 7) / 8));
-  if (g_f16) {
+  if (g_fp8 != jdg::Scaling::kNone) {  // the dequantized operands (fp32)
+    RefGemm<<<grid, block>>>(static_cast<const float*>(a) + a_off, lda,
+                             static_cast<const float*>(b) + b_off, ldb, d, ldd, m, n, k,
+                             accumulate);
+  } else if (g_f16) {
     RefGemm<<<grid, block>>>(static_cast<const __half*>(a) + a_off, lda,
                              static_cast<const __half*>(b) + b_off, ldb, d, ldd, m, n, k,
                              accumulate);
@@ -196,6 +206,40 @@ void Fill(void* p, int64_t n, uint32_t seed) {
   }
 }
 
+// fp8: values e4m3 of uniform [-4, 4]; scales 2^(e - 2), e in 0..4, from `seed` (one per
+// tensor, or per block).
+__global__ void FillFp8Kernel(__nv_fp8_e4m3* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed * 2246822519u;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+    p[i] = __nv_fp8_e4m3((float(h & 0xFFFF) / 65535.f - 0.5f) * 8.f);
+  }
+}
+void FillScales(float* s, int64_t n, uint32_t seed) {
+  std::vector<float> h(n);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t v = uint32_t(i) * 2654435761u ^ (seed + 77u) * 2246822519u;
+    v ^= v >> 15, v *= 2246822519u, v ^= v >> 13;
+    h[i] = std::ldexp(1.f, int(v % 5u) - 2);
+  }
+  CHECK_CUDA(cudaMemcpy(s, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+}
+// out[r, c] = v[r, c] * scale of its block: per tensor s[0]; per block s[(r / br) ld + c / bc]
+// (x: br 1, bc 128; w: br bc 128), per batch `batch_stride` elements of v.
+__global__ void DequantizeKernel(const __nv_fp8_e4m3* v, const float* s, float* out,
+                                 int64_t rows, int64_t cols, int64_t batch, bool block,
+                                 int64_t br, int64_t bc) {
+  const int64_t n = batch * rows * cols;
+  const int64_t ld = cols / 128, per_batch = (rows / br) * ld;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t l = i / (rows * cols), r = i / cols % rows, c = i % cols;
+    const float sc = block ? s[l * per_batch + (r / br) * ld + c / bc] : s[0];
+    out[i] = float(v[i]) * sc;
+  }
+}
+
 const char* PathName(const Case& c) {
   static thread_local std::string s;
   if (c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingA ||
@@ -284,8 +328,12 @@ struct CallData {
     c = cs;
     tp = tp_;
     LocalShapes(c.schedule, tp, g, xs, ws, os);
-    const jdg::ElemType in_type = g_f16 ? jdg::ElemType::kF16 : jdg::ElemType::kBF16;
-    const jdg::ElemType out_type = g_out_f32 ? jdg::ElemType::kF32 : in_type;
+    const bool fp8 = g_fp8 != jdg::Scaling::kNone;
+    const jdg::ElemType in_type = fp8     ? jdg::ElemType::kF8E4M3
+                                  : g_f16 ? jdg::ElemType::kF16
+                                          : jdg::ElemType::kBF16;
+    const jdg::ElemType out_type =
+        g_out_f32 ? jdg::ElemType::kF32 : fp8 ? jdg::ElemType::kBF16 : in_type;
     const int64_t x_dims[3] = {g_batch, xs[0], xs[1]}, out_dims[3] = {g_batch, os[0], os[1]};
     const int rank = g_batch > 1 ? 3 : 2;  // x and out [L, ., .] only when batched
     if (std::string err = jdg::MakeProblem(c.schedule, tp, x_dims + 3 - rank, rank, ws, 2,
@@ -293,6 +341,18 @@ struct CallData {
                                            out_type, false, nullptr, 0, kAlpha, 0.f, &p);
         !err.empty()) {
       return err;
+    }
+    if (fp8) {
+      const int64_t xs_dims[3] = {g_batch, xs[0], xs[1] / 128}, ws_dims[2] = {ws[0] / 128,
+                                                                              ws[1] / 128};
+      const bool block = g_fp8 == jdg::Scaling::kBlock;
+      if (std::string err = jdg::SetScales(xs_dims + 3 - rank, block ? rank : 0,
+                                           jdg::ElemType::kF32, ws_dims, block ? 2 : 0,
+                                           jdg::ElemType::kF32, &p);
+          !err.empty()) {
+        return err;
+      }
+      if (c.gathered) return "fp8 calls return no gathered operand";
     }
     opt.timeout_ms = timeout_ms;
     opt.poison_output = true;  // unwritten tiles read NaN
@@ -319,13 +379,27 @@ struct CallData {
     return RotA() || c.schedule == ScheduleKind::kAllGather1D_TilingCD_RotatingB;
   }
   size_t OutSize() const { return g_out_f32 ? 4 : 2; }
+  size_t InSize() const { return g_fp8 != jdg::Scaling::kNone ? 1 : 2; }
+
+  // fp8: each rank's scales, the dequantized operands (the reference's) and the scratch.
+  std::vector<float*> x_scale, w_scale, x_deq, w_deq;
+  std::vector<void*> scratch;
 
   void Alloc() {
     x.assign(tp, nullptr), w.assign(tp, nullptr), out.assign(tp, nullptr);
     gathered.assign(tp, nullptr), ref.assign(tp, nullptr), got.assign(tp, nullptr);
+    x_scale.assign(tp, nullptr), w_scale.assign(tp, nullptr), x_deq.assign(tp, nullptr);
+    w_deq.assign(tp, nullptr), scratch.assign(tp, nullptr);
+    for (int r = 0; r < tp && g_fp8 != jdg::Scaling::kNone; ++r) {
+      CHECK_CUDA(cudaMalloc(&x_scale[r], p.XScaleElems() * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&w_scale[r], p.WScaleElems() * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&x_deq[r], x_elems * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&w_deq[r], ws[0] * ws[1] * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&scratch[r], jc::Fp8ScratchBytes(p)));
+    }
     for (int r = 0; r < tp; ++r) {
-      CHECK_CUDA(cudaMalloc(&x[r], x_elems * 2));
-      CHECK_CUDA(cudaMalloc(&w[r], ws[0] * ws[1] * 2));
+      CHECK_CUDA(cudaMalloc(&x[r], x_elems * InSize()));
+      CHECK_CUDA(cudaMalloc(&w[r], ws[0] * ws[1] * InSize()));
       CHECK_CUDA(cudaMalloc(&out[r], out_elems * OutSize()));
       CHECK_CUDA(cudaMalloc(&ref[r], out_elems * 4));
       CHECK_CUDA(cudaMalloc(&got[r], out_elems * 4));
@@ -336,6 +410,8 @@ struct CallData {
     for (int r = 0; r < int(x.size()); ++r) {
       cudaFree(x[r]), cudaFree(w[r]), cudaFree(out[r]), cudaFree(ref[r]), cudaFree(got[r]);
       if (gathered[r] != nullptr) cudaFree(gathered[r]);
+      cudaFree(x_scale[r]), cudaFree(w_scale[r]), cudaFree(x_deq[r]), cudaFree(w_deq[r]);
+      cudaFree(scratch[r]);
     }
     x.clear(), w.clear(), out.clear(), gathered.clear(), ref.clear(), got.clear();
   }
@@ -344,13 +420,33 @@ struct CallData {
   // result poisoned, and every rank's expected output (--control: its right neighbour's).
   // Enqueued on the legacy stream: synchronize before the ranks' streams read them.
   void Prepare(uint32_t seed, const Shapes& g) {
+    const bool fp8 = g_fp8 != jdg::Scaling::kNone, block = g_fp8 == jdg::Scaling::kBlock;
     for (int r = 0; r < tp; ++r) {
-      Fill(x[r], x_elems, seed + 2u * r + 1u);
-      Fill(w[r], ws[0] * ws[1], seed + 2u * r + 2u);
+      if (fp8) {
+        auto* xv = static_cast<__nv_fp8_e4m3*>(x[r]);
+        auto* wv = static_cast<__nv_fp8_e4m3*>(w[r]);
+        FillFp8Kernel<<<264, 256>>>(xv, x_elems, seed + 2u * r + 1u);
+        FillFp8Kernel<<<264, 256>>>(wv, ws[0] * ws[1], seed + 2u * r + 2u);
+        FillScales(x_scale[r], p.XScaleElems(), seed + 2u * r + 1u);
+        FillScales(w_scale[r], p.WScaleElems(), seed + 2u * r + 2u);
+        DequantizeKernel<<<264, 256>>>(xv, x_scale[r], x_deq[r], xs[0], xs[1], g_batch, block, 1,
+                                       128);
+        DequantizeKernel<<<264, 256>>>(wv, w_scale[r], w_deq[r], ws[0], ws[1], 1, block, 128,
+                                       128);
+      } else {
+        Fill(x[r], x_elems, seed + 2u * r + 1u);
+        Fill(w[r], ws[0] * ws[1], seed + 2u * r + 2u);
+      }
       if (c.gathered) CHECK_CUDA(cudaMemset(gathered[r], 0xff, tp * shard_elems * 2));  // NaNs
     }
     for (int r = 0; r < tp; ++r) {
-      Expected(c.schedule, tp, control ? (r + 1) % tp : r, g, x, w, ref[r]);
+      const int want = control ? (r + 1) % tp : r;
+      if (fp8) {
+        Expected(c.schedule, tp, want, g, std::vector<void*>(x_deq.begin(), x_deq.end()),
+                 std::vector<void*>(w_deq.begin(), w_deq.end()), ref[r]);
+      } else {
+        Expected(c.schedule, tp, want, g, x, w, ref[r]);
+      }
     }
   }
 
@@ -360,8 +456,9 @@ struct CallData {
     jc::CallOptions mine = opt;
     mine.skip_signals = fault && !clean && r == 0;
     if (g_hold_copies && !clean) mine.copy_gate = g_gate_dev;
-    return jc::EnqueueDistGemm(p, r, group, {x[r], w[r], nullptr, out[r], gathered[r]}, mine,
-                               stream);
+    const jc::CallBuffers b{x[r], w[r], nullptr, out[r], gathered[r], x_scale[r], w_scale[r],
+                            scratch[r]};
+    return jc::EnqueueDistGemm(p, r, group, b, mine, stream);
   }
 
   // "" or "<label> rank R: <first mismatch>", the ranks in order; raises *worst.
@@ -754,6 +851,21 @@ int main(int argc, char** argv) {
   g_f16 = Arg(argc, argv, "--f16", 0) != 0;
   g_out_f32 = Arg(argc, argv, "--out-f32", 0) != 0;
   g_batch = std::max<int64_t>(1, Arg(argc, argv, "--batch", 1));
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--fp8") != 0) continue;
+    if (std::strcmp(argv[i + 1], "tensor") == 0) {
+      g_fp8 = jdg::Scaling::kTensor;
+    } else if (std::strcmp(argv[i + 1], "block") == 0) {
+      g_fp8 = jdg::Scaling::kBlock;
+    } else {
+      std::fprintf(stderr, "--fp8: tensor or block\n");
+      return 2;
+    }
+  }
+  if (g_fp8 != jdg::Scaling::kNone && (g_f16 || fault)) {
+    std::fprintf(stderr, "--fp8 takes neither --f16 nor --fault\n");
+    return 2;
+  }
   const bool sequence = Arg(argc, argv, "--sequence", 0) != 0;
   if (sequence && (control || fault || only >= 0)) {
     std::fprintf(stderr, "--sequence 1 takes none of --control, --fault, --case\n");
