@@ -1,8 +1,8 @@
-// Tool, not part of the package: the fp8 stage GEMMs (cc/cuda/fp8_gemm.h) on one GPU, every
+// Test program, not part of the package: the fp8 stage GEMMs (cc/cuda/fp8_gemm.h) on one GPU, every
 // compiled kernel of the requested cases: numerics against a float64 product of the dequantized
 // operands, then timing.
 //
-//   cmake -S . -B build/fp8 -G Ninja -DJAX_DISTGEMM_BUILD_TOOLS=ON
+//   cmake -S . -B build/fp8 -G Ninja -DJAX_DISTGEMM_BUILD_TESTS=ON
 //   ninja -C build/fp8 -j1 fp8_gemm_check
 //   build/fp8/fp8_gemm_check [--shapes MxKxN,...] [--scaling tensor|block|both]
 //       [--out bf16|f32|both] [--types e4m3|e5m2e4m3|both] [--config N|all] [--repeats R]
@@ -22,7 +22,7 @@
 // ||D - ref|| / ||ref|| over the sampled entries.  Each kernel runs without C (alpha 1) and, if
 // it has one, with C (alpha 0.75, beta 0.5, C ~ N(0, K)).  Targets (the fp8 issue): per-tensor
 // within 1.25x of cuBLASLt's fp8 GEMM with fp32 accumulation (bf16 output: 1.25 x 1.7e-3; the
-// f32 default 1e-3 is a placeholder: tests/fp8_gemm_check.sh compares with torch._scaled_mm
+// f32 default 1e-3 is a placeholder: tools/fp8_gemm_check.sh compares with torch._scaled_mm
 // measured on the same machine), block <= 3e-3 (bf16) and <= 1e-3 (f32) at K <= 16384.
 // With --pad P > 0 every leading dimension is P elements wider, D and C sit at row 1, column 16
 // of their buffers, and every element outside the written window must keep its sentinel.
@@ -98,7 +98,7 @@ struct Options {
 };
 
 [[noreturn]] void Usage(const char* msg) {
-  std::fprintf(stderr, "fp8_gemm_check: %s (see the header of tests/fp8_gemm_check.cu)\n", msg);
+  std::fprintf(stderr, "fp8_gemm_check: %s (see the header of tests/cuda/fp8_gemm_check.cu)\n", msg);
   std::exit(2);
 }
 

@@ -7,7 +7,7 @@
 # the project: the check binary is carried in, Python needs torch and jax (either may be
 # missing: its lines say so).  About 2-3 minutes; every step has a timeout.
 #
-#   tests/fp8_gemm_check.sh [path/to/fp8_gemm_check]
+#   tools/fp8_gemm_check.sh [path/to/fp8_gemm_check]
 #
 # The binary: $1, else $FP8_CHECK_BIN, else .carry/fp8_gemm_check, else build/fp8/fp8_gemm_check
 # (cmake -S . -B build/fp8 -G Ninja -DJAX_DISTGEMM_BUILD_TESTS=ON && ninja -C build/fp8 -j1
@@ -70,7 +70,7 @@ else
 fi
 
 # 2. Baselines in one Python process (torch first, then JAX; each reports its own failures).
-timeout -k 10 "${BASELINE_TIMEOUT:-200}" "$PY" "$ROOT/tests/fp8_gemm_baselines.py" bench \
+timeout -k 10 "${BASELINE_TIMEOUT:-200}" "$PY" "$ROOT/tools/fp8_gemm_baselines.py" bench \
   --shapes "$SHAPES" --repeats "$REPEATS" --jsonl "$OUT/baselines.jsonl" \
   > "$OUT/baselines.log" 2>&1
 rc=$?
@@ -78,7 +78,7 @@ log "baselines (torch._scaled_mm, torch bf16, jax fp8 dot): exit $rc; $(grep -c 
 [[ $rc -ne 0 ]] && status=1
 
 # 3. Summary: TFLOP/s and errors side by side, the issue's targets MET / MISS.
-timeout -k 10 60 "$PY" "$ROOT/tests/fp8_gemm_baselines.py" summary \
+timeout -k 10 60 "$PY" "$ROOT/tools/fp8_gemm_baselines.py" summary \
   --check "$OUT/check.jsonl" "$OUT/check_layout.jsonl" "$OUT/check_pdl.jsonl" \
   --baselines "$OUT/baselines.jsonl" --out "$OUT/targets.txt" \
   > "$OUT/summary_table.log" 2>&1

@@ -1,10 +1,10 @@
-"""Baselines for the fp8 stage GEMMs, and the summary of tests/fp8_gemm_check.sh.
+"""Baselines for the fp8 stage GEMMs, and the summary of tools/fp8_gemm_check.sh.
 
 Not a test module (pytest collects *_test.py only); run on the GPU machine by
-tests/fp8_gemm_check.sh:
+tools/fp8_gemm_check.sh:
 
-  python tests/fp8_gemm_baselines.py bench --shapes MxKxN,... --jsonl OUT.jsonl
-  python tests/fp8_gemm_baselines.py summary --check CHECK.jsonl --baselines OUT.jsonl
+  python tools/fp8_gemm_baselines.py bench --shapes MxKxN,... --jsonl OUT.jsonl
+  python tools/fp8_gemm_baselines.py summary --check CHECK.jsonl --baselines OUT.jsonl
 
 bench, in one process on GPU 0, at each stage shape (M x K x N):
   * torch._scaled_mm (cuBLASLt) with per-tensor scales: e4m3 x e4m3 with fp32 accumulation
