@@ -84,7 +84,7 @@ import time
 # in its file (or, after a move, somewhere under cc/), as a name or a name's start: the stream
 # value calls are named without their width, which the 64-bit epochs change.
 MODEL_SOURCES = {
-    "host_begin_call": ("cc/cuda/distgemm_cuda.cc", "DistGemmCudaCall"),  # PendingError check
+    "host_begin_call": ("cc/cuda/distgemm_cuda.cc", "RunCall"),  # PendingError check
     "host_take_epoch": ("cc/cuda/executor.cc", "EnqueueDistGemm"),
     "host_enqueue": ("cc/cuda/executor.cc", "Launch"),
     "pending_error": ("cc/cuda/peer_state.cc", "PendingError"),
@@ -861,7 +861,7 @@ class Model:
       dl = list(dv)
       cstat = list(dv[CSTAT])
       if error:
-        # DistGemmCudaCall: PendingError() fails the call before it takes an epoch; the record
+        # RunCall: PendingError() fails the call before it takes an epoch; the record
         # stays set until reset(), so the segment's later calls are refused too.
         _, last, end_pc = self.segments[d][seg]
         for j in range(k, last):

@@ -102,64 +102,39 @@ ffi::Error RunCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordina
   return ffi::Error::Success();
 }
 
-ffi::Error DistGemmCudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
+// No exception may cross the FFI boundary (std::terminate would take the process down).
+template <class F>
+ffi::Error Guarded(int32_t device_ordinal, F&& call) {
+  try {
+    return call();
+  } catch (const std::exception& e) {
+    return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
+  }
+}
+
+ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
                             ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
                             ffi::Result<ffi::AnyBuffer> out,
                             std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
                             int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
                             float alpha, float beta, int64_t call_id, int64_t timeout_ms,
                             int32_t rs_path) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
-  Problem p;
-  if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
-  if (p.in_type == ElemType::kF32) {
-    return InvalidArgument("x, w: float32 inputs are not supported by the CUDA executor "
-                           "(bfloat16 or float16; implementation='xla' runs float32)");
-  }
-  if (gathered.has_value()) {
-    if (auto err = DecodeGathered(x, w, **gathered, p); err.failure()) return err;
-  }
-  CallBuffers buffers{x.untyped_data(), w.untyped_data(),
-                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data(),
-                      gathered.has_value() ? (*gathered)->untyped_data() : nullptr};
-  return RunCall(stream, run_id, device_ordinal, p, attrs, buffers);
-}
-
-ffi::Error DistGemmFp8CudaCall(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
-                               ffi::AnyBuffer x, ffi::AnyBuffer x_scale, ffi::AnyBuffer w,
-                               ffi::AnyBuffer w_scale, ffi::AnyBuffer c,
-                               ffi::Result<ffi::AnyBuffer> out,
-                               ffi::Result<ffi::AnyBuffer> scratch, int32_t schedule,
-                               int64_t tp, ffi::Span<const int64_t> groups, float alpha,
-                               float beta, int64_t call_id, int64_t timeout_ms,
-                               int32_t rs_path) {
-  const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
-  Problem p;
-  if (auto err = DecodeFp8Problem(x, x_scale, w, w_scale, c, *out, attrs, &p); err.failure()) {
-    return err;
-  }
-  if (p.scaling == Scaling::kBlock &&
-      (p.in_type != ElemType::kF8E4M3 || p.w_type != ElemType::kF8E4M3)) {
-    return InvalidArgument("x, w: block-scaled fp8 on CUDA is float8_e4m3fn x float8_e4m3fn");
-  }
-  if (p.w_type != ElemType::kF8E4M3) {
-    return InvalidArgument("w: fp8 on CUDA takes a float8_e4m3fn w (x: e4m3 or e5m2)");
-  }
-  if (p.xk % 16 != 0 || p.wn % 16 != 0) {
-    return InvalidArgument("x, w: fp8 on CUDA needs K and the local N to be multiples of 16 "
-                           "(the transposed w's rows and columns)");
-  }
-  const size_t need = Fp8ScratchBytes(p);
-  if (scratch->size_bytes() < need) {
-    return InvalidArgument("scratch: " + std::to_string(scratch->size_bytes()) +
-                           " bytes, the call needs " + std::to_string(need));
-  }
-  CallBuffers buffers{x.untyped_data(), w.untyped_data(),
-                      p.has_c ? c.untyped_data() : nullptr, out->untyped_data(), nullptr,
-                      static_cast<const float*>(x_scale.untyped_data()),
-                      static_cast<const float*>(w_scale.untyped_data()),
-                      scratch->untyped_data()};
-  return RunCall(stream, run_id, device_ordinal, p, attrs, buffers);
+  return Guarded(device_ordinal, [&]() -> ffi::Error {
+    const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
+    Problem p;
+    if (auto err = DecodeProblem(x, w, c, *out, attrs, &p); err.failure()) return err;
+    if (p.in_type == ElemType::kF32) {
+      return InvalidArgument("x, w: float32 inputs are not supported by the CUDA executor "
+                             "(bfloat16 or float16; implementation='xla' runs float32)");
+    }
+    if (gathered.has_value()) {
+      if (auto err = DecodeGathered(x, w, **gathered, p); err.failure()) return err;
+    }
+    CallBuffers buffers{x.untyped_data(), w.untyped_data(),
+                        p.has_c ? c.untyped_data() : nullptr, out->untyped_data(),
+                        gathered.has_value() ? (*gathered)->untyped_data() : nullptr};
+    return RunCall(stream, run_id, device_ordinal, p, attrs, buffers);
+  });
 }
 
 ffi::Error DistGemmFp8CudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
@@ -170,29 +145,35 @@ ffi::Error DistGemmFp8CudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t d
                                int64_t tp, ffi::Span<const int64_t> groups, float alpha,
                                float beta, int64_t call_id, int64_t timeout_ms,
                                int32_t rs_path) {
-  try {
-    return DistGemmFp8CudaCall(stream, run_id, device_ordinal, x, x_scale, w, w_scale, c, out,
-                               scratch, schedule, tp, groups, alpha, beta, call_id, timeout_ms,
-                               rs_path);
-  } catch (const std::exception& e) {
-    return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
-  }
-}
-
-// No exception may cross the FFI boundary (std::terminate would take the process down).
-ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
-                            ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer c,
-                            ffi::Result<ffi::AnyBuffer> out,
-                            std::optional<ffi::Result<ffi::AnyBuffer>> gathered,
-                            int32_t schedule, int64_t tp, ffi::Span<const int64_t> groups,
-                            float alpha, float beta, int64_t call_id, int64_t timeout_ms,
-                            int32_t rs_path) {
-  try {
-    return DistGemmCudaCall(stream, run_id, device_ordinal, x, w, c, out, gathered, schedule,
-                            tp, groups, alpha, beta, call_id, timeout_ms, rs_path);
-  } catch (const std::exception& e) {
-    return Internal("device " + std::to_string(device_ordinal) + ": " + e.what());
-  }
+  return Guarded(device_ordinal, [&]() -> ffi::Error {
+    const CallAttrs attrs{schedule, tp, groups, alpha, beta, call_id, timeout_ms, rs_path};
+    Problem p;
+    if (auto err = DecodeFp8Problem(x, x_scale, w, w_scale, c, *out, attrs, &p); err.failure()) {
+      return err;
+    }
+    if (p.scaling == Scaling::kBlock &&
+        (p.in_type != ElemType::kF8E4M3 || p.w_type != ElemType::kF8E4M3)) {
+      return InvalidArgument("x, w: block-scaled fp8 on CUDA is float8_e4m3fn x float8_e4m3fn");
+    }
+    if (p.w_type != ElemType::kF8E4M3) {
+      return InvalidArgument("w: fp8 on CUDA takes a float8_e4m3fn w (x: e4m3 or e5m2)");
+    }
+    if (p.xk % 16 != 0 || p.wn % 16 != 0) {
+      return InvalidArgument("x, w: fp8 on CUDA needs K and the local N to be multiples of 16 "
+                             "(the transposed w's rows and columns)");
+    }
+    const size_t need = Fp8ScratchBytes(p);
+    if (scratch->size_bytes() < need) {
+      return InvalidArgument("scratch: " + std::to_string(scratch->size_bytes()) +
+                             " bytes, the call needs " + std::to_string(need));
+    }
+    CallBuffers buffers{x.untyped_data(), w.untyped_data(),
+                        p.has_c ? c.untyped_data() : nullptr, out->untyped_data(), nullptr,
+                        static_cast<const float*>(x_scale.untyped_data()),
+                        static_cast<const float*>(w_scale.untyped_data()),
+                        scratch->untyped_data()};
+    return RunCall(stream, run_id, device_ordinal, p, attrs, buffers);
+  });
 }
 
 }  // namespace
