@@ -144,7 +144,7 @@ class Fp8ScheduleTest(parameterized.TestCase):
   def test_every_tp_by_default(self, schedule, tp):
     self.check(schedule, tp, "block" if tp == 1 else "tensor")  # None: the CPU executor
 
-  @parameterized.product(schedule=SCHEDULES, implementation=["xla", "ffi"])
+  @parameterized.parameters(*zip(SCHEDULES, ("ffi", "xla") * 2))
   def test_batch_and_epilogue(self, schedule, implementation):
     self.check(schedule, 2, "block", implementation, batch=2, epilogue=True)
 
