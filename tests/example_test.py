@@ -134,7 +134,7 @@ class ExampleTest(parameterized.TestCase):
     # .ci/run takes the line below from the README; there must be exactly one.
     with open(README) as f:
       commands = [l for l in f.read().splitlines() if re.match(r"python -m pytest( |$)", l)]
-    self.assertEqual(commands, ["python -m pytest -q tests"])
+    self.assertEqual(commands, ["python -m pytest -q -n 2 tests"])
     with open(os.path.join(REPO, ".ci", "run")) as f:
       ci = f.read()
     self.assertIn("grep -E '^python -m pytest( |$)' README.md", ci)
