@@ -86,11 +86,10 @@ CUDA_MODULE_SRCS = [
     "bindings/cuda_module.cc",
 ]
 
-# fp8 stage GEMMs (cuda/fp8_gemm.h) with their registry and the weight transposes: part of the
-# kernel library, a list of their own.
+# fp8 stage GEMMs (cuda/fp8_gemm.h) with their registry: part of the kernel library, a list of
+# their own.
 CUDA_FP8_SRCS = [
     "cuda/fp8_gemm.cc",
-    "cuda/fp8_transpose.cu",
     "cuda/sm90_fp8_gemm_block_e4m3_e4m3_coop128x128_c1x2.cu",
     "cuda/sm90_fp8_gemm_block_e4m3_e4m3_coop128x128_c2x1.cu",
     "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_coop128x128.cu",
@@ -99,6 +98,5 @@ CUDA_FP8_SRCS = [
 ]
 CUDA_FP8_HDRS = [
     "cuda/fp8_gemm.h",
-    "cuda/fp8_transpose.h",
     "cuda/sm90_fp8_gemm.cuh",
 ]

@@ -8,6 +8,7 @@ moves a shard must move its scales with it: a scale left behind multiplies the w
 import test_util  # noqa: I001  (first: requests the 8 fake CPU devices)
 
 import os
+import re
 from unittest import mock
 
 import jax
@@ -20,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_distgemm as jd
 from jax_distgemm import Schedule
+from jax_distgemm._src import primitives
 
 SCHEDULES = tuple(Schedule)
 # Products of the dequantized values in fp32: only the accumulation order differs.
@@ -241,6 +243,35 @@ class Fp8GradTest(parameterized.TestCase):
     out, xd, wd = jax.vmap(quantized, axis_name="v")(x, w)
     ref = np.concatenate(list(np.asarray(xd, np.float64)), 0) @ np.asarray(wd[0], np.float64)
     self.assertLess(test_util.rel_err(out[0], ref), F32_TOL)
+
+
+class CudaLoweringTest(parameterized.TestCase):
+  """The CUDA lowering, built on CPU: fp8 wgmma reads B K-major, so the call must ask XLA for w
+  and its block scales column-major (cc/cuda/executor.h CallBuffers), and nothing else."""
+
+  @parameterized.parameters("tensor", "block")
+  def test_w_and_its_scales_arrive_column_major(self, scaling):
+    tp, schedule = 2, Schedule.AllGather1D_TilingCD_RotatingB
+    mesh = test_util.mesh_1d(tp)
+    xs, ws, os_ = test_util.specs(schedule, 1)
+    x, w = jnp.zeros((2, *shapes(tp)[0]), jnp.bfloat16), jnp.zeros(shapes(tp)[1], jnp.bfloat16)
+
+    def body(x, w):
+      return jd.distributed_matmul(x, w, axis_name="tp", schedule=schedule, fp8=scaling,
+                                   implementation="ffi")
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(xs, ws), out_specs=os_))
+    with mock.patch.object(primitives.device_ids, "register"):  # the CUDA extension's table
+      text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [l for l in text.splitlines() if f"@{primitives.TARGET_FP8}" in l]
+    self.assertLen(calls, 1)
+    layouts = re.search(r"operand_layouts = \[(.*?)\]\s*,\s*result_layouts", calls[0]).group(1)
+    layouts = [tuple(int(d) for d in m.split(",") if d.strip())
+               for m in re.findall(r"dense<\[?([\d, ]*)\]?>", layouts)]
+    # x [L, M, K] and its scales row-major; w [K, N] and block scales [K/128, N/128] K-major.
+    want_ws = (0, 1) if scaling == "block" else ()
+    self.assertEqual(layouts, [(2, 1, 0), (2, 1, 0) if scaling == "block" else (),
+                               (0, 1), want_ws, (0,)])
 
 
 if __name__ == "__main__":

@@ -140,8 +140,7 @@ ffi::Error DistGemmCudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t devi
 ffi::Error DistGemmFp8CudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordinal,
                                ffi::AnyBuffer x, ffi::AnyBuffer x_scale, ffi::AnyBuffer w,
                                ffi::AnyBuffer w_scale, ffi::AnyBuffer c,
-                               ffi::Result<ffi::AnyBuffer> out,
-                               ffi::Result<ffi::AnyBuffer> scratch, int32_t schedule,
+                               ffi::Result<ffi::AnyBuffer> out, int32_t schedule,
                                int64_t tp, ffi::Span<const int64_t> groups, float alpha,
                                float beta, int64_t call_id, int64_t timeout_ms,
                                int32_t rs_path) {
@@ -162,16 +161,10 @@ ffi::Error DistGemmFp8CudaImpl(cudaStream_t stream, ffi::RunId run_id, int32_t d
       return InvalidArgument("x, w: fp8 on CUDA needs K and the local N to be multiples of 16 "
                              "(the transposed w's rows and columns)");
     }
-    const size_t need = Fp8ScratchBytes(p);
-    if (scratch->size_bytes() < need) {
-      return InvalidArgument("scratch: " + std::to_string(scratch->size_bytes()) +
-                             " bytes, the call needs " + std::to_string(need));
-    }
     CallBuffers buffers{x.untyped_data(), w.untyped_data(),
                         p.has_c ? c.untyped_data() : nullptr, out->untyped_data(), nullptr,
                         static_cast<const float*>(x_scale.untyped_data()),
-                        static_cast<const float*>(w_scale.untyped_data()),
-                        scratch->untyped_data()};
+                        static_cast<const float*>(w_scale.untyped_data())};
     return RunCall(stream, run_id, device_ordinal, p, attrs, buffers);
   });
 }
@@ -262,11 +255,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<ffi::DeviceOrdinal>()                 // this device
         .Arg<ffi::AnyBuffer>()                     // x (fp8)
         .Arg<ffi::AnyBuffer>()                     // x_scale (fp32, [] or blocks)
-        .Arg<ffi::AnyBuffer>()                     // w (fp8)
-        .Arg<ffi::AnyBuffer>()                     // w_scale (fp32, [] or blocks)
+        .Arg<ffi::AnyBuffer>()                     // w (fp8; laid out K-major)
+        .Arg<ffi::AnyBuffer>()                     // w_scale (fp32, [] or blocks; K-major)
         .Arg<ffi::AnyBuffer>()                     // c (output dtype; 0 elements if absent)
         .Ret<ffi::AnyBuffer>()                     // out (bf16 or fp32)
-        .Ret<ffi::AnyBuffer>()                     // scratch: w^T and its scales (u8)
         .Attr<int32_t>("schedule")                 // ScheduleKind
         .Attr<int64_t>("tp")                       // TP group size
         .Attr<ffi::Span<const int64_t>>("groups")  // global device ids, [G, tp]

@@ -11,7 +11,6 @@
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/executor_internal.h"
 #include "cc/cuda/fp8_gemm.h"
-#include "cc/cuda/fp8_transpose.h"
 
 namespace jax_distgemm::cuda {
 namespace internal {
@@ -177,45 +176,14 @@ std::string EnqueueDistGemm(const Problem& p, int rank, PeerGroup& group,
       return internal::CudaFailure("poison");
     }
   }
-  if (p.scaling != Scaling::kNone) {
-    // fp8 wgmma reads B K-major: the stages read w^T (and its block scales transposed alike),
-    // written to the call's scratch first; a RotatingB shard travels transposed.
-    // NOTE: w^T costs a read and a write of w per call, on the stages' path.
-    Problem q = p;
-    q.w_k_major = true;
-    CallBuffers b = buffers;
-    const int64_t wl = p.w_batched ? p.batch : 1;
-    uint8_t* wt = static_cast<uint8_t*>(buffers.scratch);
-    if (std::string err = Fp8TransposeWeights(buffers.w, p.wn, p.wk * p.wn, wt, p.wk,
-                                              p.wk * p.wn, p.wk, p.wn, wl, stream);
-        !err.empty()) {
-      return "w^T: " + err;
-    }
-    b.w = wt;
-    if (p.scaling == Scaling::kBlock) {
-      const int64_t kb = p.wk / kScaleBlock, nb = p.wn / kScaleBlock;
-      float* st = reinterpret_cast<float*>(wt + RoundUp(p.WElems(), kSlotAlign));
-      if (std::string err = Fp8TransposeBlockScales(buffers.w_scale, nb, kb * nb, st, kb,
-                                                    kb * nb, kb, nb, wl, stream);
-          !err.empty()) {
-        return "w_scale^T: " + err;
-      }
-      b.w_scale = st;
-    }
-    if (IsAllGather(q.schedule)) {
-      return internal::EnqueueAllGather(q, rank, group, b, options, stream, epoch);
-    }
-    return internal::EnqueueReduceScatter(q, rank, group, b, options, stream, epoch);
+  // fp8 wgmma reads B K-major: an fp8 w (and its block scales) arrives transposed in memory
+  // (CallBuffers), so every view of w, and a RotatingB shard in its slot, is [wn, wk].
+  Problem q = p;
+  q.w_k_major = p.scaling != Scaling::kNone;
+  if (IsAllGather(q.schedule)) {
+    return internal::EnqueueAllGather(q, rank, group, buffers, options, stream, epoch);
   }
-  if (IsAllGather(p.schedule)) {
-    return internal::EnqueueAllGather(p, rank, group, buffers, options, stream, epoch);
-  }
-  return internal::EnqueueReduceScatter(p, rank, group, buffers, options, stream, epoch);
-}
-
-size_t Fp8ScratchBytes(const Problem& p) {
-  return RoundUp(p.WElems(), kSlotAlign) +
-         (p.scaling == Scaling::kBlock ? p.WScaleElems() * sizeof(float) : 0);
+  return internal::EnqueueReduceScatter(q, rank, group, buffers, options, stream, epoch);
 }
 
 }  // namespace jax_distgemm::cuda

@@ -22,15 +22,12 @@ struct CallBuffers {
   // AllGather only, optional: the gathered operand (problem.h CheckGathered), nullptr if not
   // asked for; filled from the shards the stages receive (all_gather.cc, CopyGathered).
   void* gathered = nullptr;
-  // fp8 (Problem::scaling): the fp32 scales of x and w, and local scratch of
-  // Fp8ScratchBytes for w^T and its block scales (the GEMMs read B K-major).
+  // fp8 (Problem::scaling): the fp32 scales of x and w.  NOTE: fp8 wgmma reads B K-major, so
+  // w [wk, wn] is stored transposed (column-major; w^T row-major), and its block scales
+  // [wk/128, wn/128] alike; the lowering asks XLA for these layouts (primitives.py).
   const float* x_scale = nullptr;
   const float* w_scale = nullptr;
-  void* scratch = nullptr;
 };
-
-// fp8: bytes of CallBuffers::scratch a call of `p` needs: w^T, then its transposed block scales.
-size_t Fp8ScratchBytes(const Problem& p);
 
 // How a call runs.  The handler takes the defaults except for rs_path (the call's attribute);
 // tests and tests/cuda/virtual_group_check.cu force the others.

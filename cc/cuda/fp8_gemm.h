@@ -14,15 +14,14 @@
 // Layouts (fp8 wgmma reads both operands K-major):
 //   A   = x      [batch, M, K]  row-major, lda >= K, batch stride any
 //   B^T = w^T    [batch, N, K]  row-major, ldb >= K, batch stride 0 allowed (one weight for the
-//                               batch).  The API's w [K, N] becomes B^T with Fp8TransposeWeights
-//                               (fp8_transpose.h).
+//                               batch): the API's w [K, N] stored column-major.
 //   C, D         [batch, M, N]  row-major, ldc, ldd >= N (a stage may write a column block of a
 //                               wider output, D a sub-block through a pointer offset)
 //   sfa (block)  [batch, M, ceil(K/128)] fp32, row-major with ld_sfa >= ceil(K/128): one scale
 //                               per row and 128-wide K block (the activation quantizer's layout)
 //   sfb (block)  [batch, ceil(N/128), ceil(K/128)] fp32, row-major with ld_sfb: one scale per
-//                               128x128 block of w, K-major like B^T.  The API's [K/128, N/128]
-//                               becomes this with Fp8TransposeBlockScales (fp8_transpose.h).
+//                               128x128 block of w, K-major like B^T: the API's [K/128, N/128]
+//                               stored column-major.
 // Every row pitch (lda, ldb, ldc, ldd in bytes) and base pointer must be 16-byte aligned.
 //
 // Before the GEMM body every CTA runs StageSync (stage_sync.h): the kernels are wrapped by

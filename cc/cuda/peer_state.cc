@@ -10,7 +10,6 @@
 #include "cc/common/rendezvous.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/fp8_gemm.h"
-#include "cc/cuda/fp8_transpose.h"
 #include "cc/cuda/gemm_kernels.h"
 
 namespace jax_distgemm::cuda {
@@ -81,7 +80,6 @@ std::string PeerGroup::InitDevice(int rank, cudaStream_t stream) {
   // Load every kernel now, before any peer can launch a kernel that spins on us.
   if (std::string err = PrepareGemmKernels(); !err.empty()) return err;
   if (std::string err = PrepareFp8GemmKernels(); !err.empty()) return err;
-  if (std::string err = PrepareFp8Transposes(); !err.empty()) return err;
   JDG_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
   return "";
 }

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -199,6 +198,12 @@ def _mesh_ids(ctx) -> list[int] | str:
     return "of the export's mesh"
 
 
+def _k_major(aval) -> tuple[int, ...] | None:
+  """The minor-to-major layout of a matrix (or batch of them) stored transposed."""
+  r = aval.ndim
+  return None if r < 2 else (r - 2, r - 1, *range(r - 3, -1, -1))
+
+
 def _lowering(platform, ctx, *args, schedule, axis_name, tp, alpha, beta, out_dtype,
               timeout_ms, call_site, ring_if_unreachable, gathered, scaled):
   # NOTE: only what the executor cannot reach falls back; a mesh that does not match the
@@ -238,16 +243,15 @@ def _lowering(platform, ctx, *args, schedule, axis_name, tp, alpha, beta, out_dt
     empty = core.ShapedArray((0,), out_dtype)
     args = (*args, mlir.ir_constant(np.zeros((0,), out_dtype)))
     ctx = ctx.replace(avals_in=(*ctx.avals_in, empty))
-  scratch = scaled and platform == "cuda"
-  if scratch:
-    # The CUDA handler writes w^T (and its block scales) to scratch XLA allocates per call:
-    # one more result, dropped below (cc/cuda/executor.h, Fp8ScratchBytes).
-    w_aval, ws_aval = ctx.avals_in[2], ctx.avals_in[3]
-    nbytes = -(-math.prod(w_aval.shape) // 256) * 256 + (
-        4 * math.prod(ws_aval.shape) if ws_aval.ndim else 0)
-    ctx = ctx.replace(avals_out=(*ctx.avals_out, core.ShapedArray((nbytes,), np.uint8)))
+  layouts = None
+  if scaled and platform == "cuda":
+    # NOTE: fp8 wgmma reads B K-major, so the CUDA handler takes w, and w's block scales,
+    # column-major (cc/cuda/executor.h CallBuffers); XLA transposes them, inside the producer's
+    # fusion where it can (e.g. the quantize of fp8=).
+    layouts = [_k_major(a) if i in (2, 3) else None for i, a in enumerate(ctx.avals_in)]
   rule = jax.ffi.ffi_lowering(
-      TARGET_FP8 if scaled else TARGET_GATHERED if gathered else TARGET_NAME)
+      TARGET_FP8 if scaled else TARGET_GATHERED if gathered else TARGET_NAME,
+      operand_layouts=layouts)
   results = rule(
       ctx, *args,
       schedule=np.int32(int(schedule)),
@@ -261,7 +265,7 @@ def _lowering(platform, ctx, *args, schedule, axis_name, tp, alpha, beta, out_dt
       timeout_ms=np.int64(timeout_ms),
       # The ReduceScatter path, fixed here so that every device of the call agrees.
       rs_path=np.int32(0 if schedule.is_all_gather else config.rs_path_override()))
-  return results[:-1] if scratch else results
+  return results
 
 
 for _platform in ("cpu", "cuda"):

@@ -51,8 +51,8 @@
 #include <vector>
 
 #include "cc/cuda/fp8_gemm.h"
-#include "cc/cuda/fp8_transpose.h"
 #include "cc/cuda/stage_sync.h"
+#include "tests/cuda/fp8_transpose.h"
 
 namespace jdg = jax_distgemm;
 namespace jc = jax_distgemm::cuda;

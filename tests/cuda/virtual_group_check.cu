@@ -52,6 +52,7 @@
 #include "cc/cuda/copy_stream.h"
 #include "cc/cuda/executor.h"
 #include "cc/cuda/peer_state.h"
+#include "tests/cuda/fp8_transpose.h"
 
 namespace jdg = jax_distgemm;
 namespace jc = jax_distgemm::cuda;
@@ -125,6 +126,14 @@ __global__ void ToFloatKernel(const T* src, float* dst, int64_t n) {
       std::exit(2);                                                                        \
     }                                                                                      \
   } while (0)
+
+// A helper that returns "" or an error (fp8_transpose.h): exit on the error.
+void CheckOk(const std::string& err) {
+  if (!err.empty()) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    std::exit(2);
+  }
+}
 
 struct Case {
   ScheduleKind schedule;
@@ -381,21 +390,23 @@ struct CallData {
   size_t OutSize() const { return g_out_f32 ? 4 : 2; }
   size_t InSize() const { return g_fp8 != jdg::Scaling::kNone ? 1 : 2; }
 
-  // fp8: each rank's scales, the dequantized operands (the reference's) and the scratch.
-  std::vector<float*> x_scale, w_scale, x_deq, w_deq;
-  std::vector<void*> scratch;
+  // fp8: each rank's scales, the dequantized operands (the reference's), and w and its scales
+  // K-major, as the executor reads them (executor.h CallBuffers).
+  std::vector<float*> x_scale, w_scale, x_deq, w_deq, w_scale_t;
+  std::vector<void*> w_t;
 
   void Alloc() {
     x.assign(tp, nullptr), w.assign(tp, nullptr), out.assign(tp, nullptr);
     gathered.assign(tp, nullptr), ref.assign(tp, nullptr), got.assign(tp, nullptr);
     x_scale.assign(tp, nullptr), w_scale.assign(tp, nullptr), x_deq.assign(tp, nullptr);
-    w_deq.assign(tp, nullptr), scratch.assign(tp, nullptr);
+    w_deq.assign(tp, nullptr), w_t.assign(tp, nullptr), w_scale_t.assign(tp, nullptr);
     for (int r = 0; r < tp && g_fp8 != jdg::Scaling::kNone; ++r) {
       CHECK_CUDA(cudaMalloc(&x_scale[r], p.XScaleElems() * sizeof(float)));
       CHECK_CUDA(cudaMalloc(&w_scale[r], p.WScaleElems() * sizeof(float)));
       CHECK_CUDA(cudaMalloc(&x_deq[r], x_elems * sizeof(float)));
       CHECK_CUDA(cudaMalloc(&w_deq[r], ws[0] * ws[1] * sizeof(float)));
-      CHECK_CUDA(cudaMalloc(&scratch[r], jc::Fp8ScratchBytes(p)));
+      CHECK_CUDA(cudaMalloc(&w_t[r], ws[0] * ws[1]));
+      CHECK_CUDA(cudaMalloc(&w_scale_t[r], p.WScaleElems() * sizeof(float)));
     }
     for (int r = 0; r < tp; ++r) {
       CHECK_CUDA(cudaMalloc(&x[r], x_elems * InSize()));
@@ -411,7 +422,7 @@ struct CallData {
       cudaFree(x[r]), cudaFree(w[r]), cudaFree(out[r]), cudaFree(ref[r]), cudaFree(got[r]);
       if (gathered[r] != nullptr) cudaFree(gathered[r]);
       cudaFree(x_scale[r]), cudaFree(w_scale[r]), cudaFree(x_deq[r]), cudaFree(w_deq[r]);
-      cudaFree(scratch[r]);
+      cudaFree(w_t[r]), cudaFree(w_scale_t[r]);
     }
     x.clear(), w.clear(), out.clear(), gathered.clear(), ref.clear(), got.clear();
   }
@@ -433,6 +444,12 @@ struct CallData {
                                        128);
         DequantizeKernel<<<264, 256>>>(wv, w_scale[r], w_deq[r], ws[0], ws[1], 1, block, 128,
                                        128);
+        CheckOk(jc::Fp8TransposeWeights(wv, ws[1], 0, w_t[r], ws[0], 0, ws[0], ws[1], 1, 0));
+        if (block) {
+          const int64_t kb = ws[0] / 128, nb = ws[1] / 128;
+          CheckOk(jc::Fp8TransposeBlockScales(w_scale[r], nb, 0, w_scale_t[r], kb, 0, kb, nb, 1,
+                                              0));
+        }
       } else {
         Fill(x[r], x_elems, seed + 2u * r + 1u);
         Fill(w[r], ws[0] * ws[1], seed + 2u * r + 2u);
@@ -456,8 +473,9 @@ struct CallData {
     jc::CallOptions mine = opt;
     mine.skip_signals = fault && !clean && r == 0;
     if (g_hold_copies && !clean) mine.copy_gate = g_gate_dev;
-    const jc::CallBuffers b{x[r], w[r], nullptr, out[r], gathered[r], x_scale[r], w_scale[r],
-                            scratch[r]};
+    const bool fp8 = g_fp8 != jdg::Scaling::kNone;
+    const jc::CallBuffers b{x[r], fp8 ? w_t[r] : w[r], nullptr, out[r], gathered[r], x_scale[r],
+                            g_fp8 == jdg::Scaling::kBlock ? w_scale_t[r] : w_scale[r]};
     return jc::EnqueueDistGemm(p, r, group, b, mine, stream);
   }
 

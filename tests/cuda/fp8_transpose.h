@@ -1,6 +1,6 @@
-// Layout changes that the fp8 stage GEMMs need of the API's weights (fp8_gemm.h): fp8 wgmma
-// reads B K-major, so w [K, N] becomes B^T = w^T [N, K], and its block scales follow it.
-// The CUDA executor runs them once per fp8 call, before its stages (executor.cc).
+// Test helper: the layouts the fp8 stage GEMMs read of w (cc/cuda/fp8_gemm.h), made on the
+// GPU from the API's.  fp8 wgmma reads B K-major, so w [K, N] becomes B^T = w^T [N, K], and its
+// block scales follow it.  In the library XLA makes them (the lowering asks for K-major w).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,9 +24,5 @@ std::string Fp8TransposeBlockScales(const float* in, int64_t ld_in, int64_t batc
                                     float* out, int64_t ld_out, int64_t batch_stride_out,
                                     int64_t k_blocks, int64_t n_blocks, int64_t batch,
                                     cudaStream_t stream);
-
-// Loads both kernels on the current device (as PrepareGemmKernels, before any kernel that spins
-// on a peer is launched).
-std::string PrepareFp8Transposes();
 
 }  // namespace jax_distgemm::cuda

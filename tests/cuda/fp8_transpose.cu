@@ -1,6 +1,6 @@
 // fp8 weight and block-scale transposes (fp8_transpose.h).  Memory-bound: 16-byte loads and
 // stores, both coalesced; the byte transpose happens in registers, 4x4 bytes per thread.
-#include "cc/cuda/fp8_transpose.h"
+#include "tests/cuda/fp8_transpose.h"
 
 #include <cuda_runtime.h>
 
@@ -126,17 +126,6 @@ std::string Fp8TransposeBlockScales(const float* in, int64_t ld_in, int64_t batc
                                                   batch_stride_out, k_blocks, n_blocks);
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("Fp8TransposeBlockScales: ") + cudaGetErrorString(e);
-}
-
-std::string PrepareFp8Transposes() {
-  cudaFuncAttributes attrs;
-  for (const void* f : {reinterpret_cast<const void*>(&TransposeFp8Kernel),
-                        reinterpret_cast<const void*>(&TransposeScalesKernel)}) {
-    if (cudaError_t e = cudaFuncGetAttributes(&attrs, f); e != cudaSuccess) {
-      return std::string("PrepareFp8Transposes: ") + cudaGetErrorString(e);
-    }
-  }
-  return "";
 }
 
 }  // namespace jax_distgemm::cuda
