@@ -154,5 +154,33 @@ class AutoResolutionTest(parameterized.TestCase):
     self.assertEqual(hlo.count("jax_distgemm_v1"), 1)
 
 
+class Fp8AutoResolutionTest(parameterized.TestCase):
+  """None on "CUDA" (mocked, as above) with fp8=: the fused call only where it was measured
+  faster than XLA's path (block scaling at TP = 1)."""
+
+  def setUp(self):
+    super().setUp()
+    patches = [mock.patch.object(implementation, "platform", return_value="cuda"),
+               mock.patch.object(implementation, "ffi_unsupported_reason", return_value=None),
+               mock.patch.object(config, "_given", set())]
+    for p in patches:
+      p.start()
+      self.addCleanup(p.stop)
+
+  @parameterized.parameters(("block", 1, True), ("tensor", 1, False), ("block", 2, False),
+                            ("tensor", 2, False))
+  def test_fused_only_where_measured_faster(self, scaling, tp, fused):
+    mesh = tu.mesh_1d(tp)
+    xs, ws, os_ = tu.specs(AG_A, 0)
+    x, w = tu.random_inputs(0, (256, 256), (256, 256), jnp.float32)[:2]
+    f = jax.jit(jax.shard_map(
+        lambda x, w: jd.distributed_matmul(x, w, axis_name="tp", schedule=AG_A, fp8=scaling),
+        mesh=mesh, in_specs=(xs, ws), out_specs=os_))
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in ((x, xs), (w, ws))]
+    hlo = f.lower(*args).compile().as_text()
+    self.assertEqual(hlo.count("jax_distgemm_fp8_v1") > 0, fused, hlo[-2000:])
+    self.assertBetween(tu.rel_err(f(*args), tu.reference_np(x, w)), 1e-4, 0.1)  # quantized
+
+
 if __name__ == "__main__":
   absltest.main()

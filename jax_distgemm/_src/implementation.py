@@ -237,9 +237,10 @@ def choose_fp8(x, w, p: Params, vmapped: tuple[str, ...], scaling: str) -> str:
   if ffi_unsupported_reason(where, x, w, p.out_dtype, p.schedule, p.tp, scaling):
     return "reference"
   if where in ("cuda", "gpu"):
-    # NOTE: the fused fp8 call is not yet measured against XLA's fp8 GEMM with its collective
-    # at TP >= 2, so None keeps XLA's path there; implementation="ffi" runs it.
-    return "reference"
+    # NOTE: measured on one GPU, at TP = 1 only (docs/benchmarks.md): block-scaled, the fused
+    # call runs in a third to a half of XLA's time; per tensor it trails XLA's cuBLASLt GEMM at
+    # some shapes.  TP >= 2 keeps XLA's path until it is measured; implementation="ffi" runs it.
+    return "ffi" if scaling == "block" and p.tp == 1 else "reference"
   return "ffi"
 
 
