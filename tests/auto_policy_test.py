@@ -90,6 +90,16 @@ class XlaFasterReasonTest(parameterized.TestCase):
     self.assertIsNotNone(implementation.xla_faster_reason("cuda", x, w, AG_A, TP))
 
 
+def _report_cuda(test: absltest.TestCase) -> None:
+  """For `test`'s length: the platform reads as CUDA, every call as one the fused call takes,
+  and no log line as given yet (the devices stay fake CPUs)."""
+  for p in (mock.patch.object(implementation, "platform", return_value="cuda"),
+            mock.patch.object(implementation, "ffi_unsupported_reason", return_value=None),
+            mock.patch.object(config, "_given", set())):
+    p.start()
+    test.addCleanup(p.stop)
+
+
 class AutoResolutionTest(parameterized.TestCase):
   """None on "CUDA" (mocked; the devices are fake CPUs, so what lowers is the CPU executor's
   custom call or XLA's collectives)."""
@@ -97,12 +107,7 @@ class AutoResolutionTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     self.mesh = tu.mesh_1d(TP)
-    patches = [mock.patch.object(implementation, "platform", return_value="cuda"),
-               mock.patch.object(implementation, "ffi_unsupported_reason", return_value=None),
-               mock.patch.object(config, "_given", set())]
-    for p in patches:
-      p.start()
-      self.addCleanup(p.stop)
+    _report_cuda(self)
 
   def _hlo(self, schedule, m, k, n, implementation=None, grad=False):
     xs, ws, os_ = tu.specs(schedule, 0)
@@ -160,12 +165,7 @@ class Fp8AutoResolutionTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    patches = [mock.patch.object(implementation, "platform", return_value="cuda"),
-               mock.patch.object(implementation, "ffi_unsupported_reason", return_value=None),
-               mock.patch.object(config, "_given", set())]
-    for p in patches:
-      p.start()
-      self.addCleanup(p.stop)
+    _report_cuda(self)
 
   @parameterized.parameters(("block", 1, True), ("tensor", 1, False), ("block", 2, False),
                             ("tensor", 2, False))
