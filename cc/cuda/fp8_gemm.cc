@@ -8,9 +8,8 @@
 
 namespace jax_distgemm::cuda {
 
-void AddFp8Gemms_tensor_e4m3_e4m3_coop128x128(std::vector<Fp8GemmEntry>* out);
-void AddFp8Gemms_tensor_e5m2_e4m3_coop128x128(std::vector<Fp8GemmEntry>* out);
-void AddFp8Gemms_tensor_e4m3_e4m3_coop128x192(std::vector<Fp8GemmEntry>* out);
+void AddFp8Gemms_tensor_e4m3_e4m3_overlap128x128(std::vector<Fp8GemmEntry>* out);
+void AddFp8Gemms_tensor_e5m2_e4m3_overlap128x128(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_coop128x128_c2x1(std::vector<Fp8GemmEntry>* out);
 
@@ -21,9 +20,8 @@ namespace {
 const std::vector<Fp8GemmEntry>& Registry() {
   static const std::vector<Fp8GemmEntry>* entries = [] {
     auto* e = new std::vector<Fp8GemmEntry>();
-    AddFp8Gemms_tensor_e4m3_e4m3_coop128x128(e);
-    AddFp8Gemms_tensor_e4m3_e4m3_coop128x192(e);
-    AddFp8Gemms_tensor_e5m2_e4m3_coop128x128(e);
+    AddFp8Gemms_tensor_e4m3_e4m3_overlap128x128(e);
+    AddFp8Gemms_tensor_e5m2_e4m3_overlap128x128(e);
     AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(e);
     AddFp8Gemms_block_e4m3_e4m3_coop128x128_c2x1(e);
     return e;
@@ -41,7 +39,7 @@ const char* Fp8ConfigName(Fp8Config c) {
   switch (c) {
     case Fp8Config::kCoop128x128_C1x2: return "Cooperative 128x128x128 cluster 1x2";
     case Fp8Config::kCoop128x128_C2x1: return "Cooperative 128x128x128 cluster 2x1";
-    case Fp8Config::kCoop128x192_C2x1: return "Cooperative 128x192x128 cluster 2x1";
+    case Fp8Config::kOverlap128x128_C1x2: return "Overlapped promotion 128x128x128 cluster 1x2";
   }
   return "?";
 }
@@ -61,8 +59,6 @@ const char* Fp8ScalingName(Fp8Scaling s) {
   }
   return "?";
 }
-
-int Fp8DefaultPromotionInterval(ElemType d_type) { return d_type == ElemType::kBF16 ? 8 : 4; }
 
 const Fp8GemmEntry* Fp8GemmEntries(int* count) {
   *count = static_cast<int>(Registry().size());
@@ -135,10 +131,6 @@ std::string CheckFp8Gemm(const Fp8GemmLaunch& g) {
   if (g.scaling == Fp8Scaling::kTensor) {
     if (o.scale_a == nullptr || o.scale_b == nullptr) {
       return "fp8 GEMM (per-tensor): scale_a and scale_b must point to device fp32 scalars";
-    }
-    if (o.promotion_interval < 0 || o.promotion_interval % 4 != 0) {
-      return "fp8 GEMM (per-tensor): promotion_interval must be 0 (the default) or a positive "
-             "multiple of 4";
     }
   } else {
     if (g.a_type != Fp8Type::kE4M3 || g.b_type != Fp8Type::kE4M3) {

@@ -7,9 +7,8 @@
 // where sa, sb are fp32 scalars in device memory (read by the kernel, never by the host) and
 // (.)_kb is the product over the 128-wide K block kb (the DeepSeek-V3 recipe: activations
 // scaled per row and 128 of K, weights per 128x128 block).  Accumulation is fp32 with
-// promotion: the tensor cores' partial sums go to fp32 registers every 128 of K (block scaling;
-// per-tensor: every Fp8GemmOperands::promotion_interval k-blocks), never fp8 "fast
-// accumulation" over all of K.
+// promotion: the tensor cores' partial sums go to fp32 registers every 128 of K, with either
+// scaling, never fp8 "fast accumulation" over all of K.
 //
 // Layouts (fp8 wgmma reads both operands K-major):
 //   A   = x      [batch, M, K]  row-major, lda >= K, batch stride any
@@ -44,16 +43,16 @@ namespace jax_distgemm::cuda {
 enum class Fp8Type : int32_t { kE4M3 = 0, kE5M2 = 1 };  // float8_e4m3fn, float8_e5m2
 enum class Fp8Scaling : int32_t { kTensor = 0, kBlock = 1 };
 
-// Kernel configurations: Cooperative mainloop (two consumer warpgroups), CTA tile MxN, K tile
-// 128, cluster shape.  Not every config is compiled for every scaling (Fp8AvailableConfigs).
-// NOTE: the fp32 promotion keeps a second accumulator set in registers, so a consumer
-// warpgroup's 64 x N share costs N registers per thread (N/2 accumulators, twice): N = 256
-// would need 256 of the 240 a consumer thread gets.  Hence 128x128 and 128x192 tiles, not the
-// bf16 kernels' 128x256 (sm90_fp8_gemm.cuh, "Config").
+// Kernel configurations: two consumer warpgroups (Cooperative), CTA tile 128x128, K tile 128,
+// cluster shape.  Not every config is compiled for every scaling (Fp8AvailableConfigs).
+// NOTE: the fp32 promotion keeps extra accumulator sets in registers (N/2 per set and
+// consumer thread for a 64 x N share), so the tiles are narrower than the bf16 kernels'
+// 128x256 (sm90_fp8_gemm.cuh, "Config").
 enum class Fp8Config : int32_t {
-  kCoop128x128_C1x2 = 0,  // A multicast across the N pair
-  kCoop128x128_C2x1 = 1,  // B multicast across the M pair
-  kCoop128x192_C2x1 = 2,  // per-tensor only: 192 is not a multiple of the 128-wide N scale block
+  kCoop128x128_C1x2 = 0,     // block only: CUTLASS's blockwise mainloop, A multicast over N
+  kCoop128x128_C2x1 = 1,     // block only: the same, B multicast over M
+  kOverlap128x128_C1x2 = 2,  // per-tensor only: promotion overlapped with the next K tile's
+                             // wgmmas (sm90_fp8_overlapped_mainloop.cuh), A multicast over N
 };
 inline constexpr int kNumFp8Configs = 3;
 const char* Fp8ConfigName(Fp8Config c);
@@ -79,20 +78,7 @@ struct Fp8GemmOperands {
   int64_t ld_sfa = 0, batch_stride_sfa = 0;
   const float* sfb = nullptr;
   int64_t ld_sfb = 0, batch_stride_sfb = 0;
-  // Per-tensor only: wgmma k-blocks (32 of K each) between fp32 promotions; a multiple of 4
-  // (the K tile).  4 = every 128 of K, as the block-scaled kernels (more: faster, less exact).
-  // 0: Fp8DefaultPromotionInterval of the output type.
-  int promotion_interval = 0;
 };
-
-// The per-tensor kernels' promotion interval when Fp8GemmOperands::promotion_interval is 0.
-// fp32 output: 4 (every 128 of K, the DeepSeek-V3 recipe), which keeps the error at cuBLASLt's
-// with fp32 accumulation.  bf16 output: 8 (every 256 of K): the longer runs in the tensor
-// cores' accumulator (about 14 bits, per the DeepSeek-V3 report) add error well below the bf16
-// rounding of D, so the output's error stays at cuBLASLt's, and half the promotions (an fp32
-// add per accumulator each) go.  Longer intervals are faster still but leave less margin for
-// inputs whose products share a sign.
-int Fp8DefaultPromotionInterval(ElemType d_type);
 
 struct Fp8GemmLaunch {
   Fp8Scaling scaling = Fp8Scaling::kTensor;

@@ -1,9 +1,10 @@
 // CUTLASS 3.x SM90 fp8 stage GEMMs (device code), wrapped by StageKernel like the bf16 ones.
 //
-// Per-tensor scaling: CUTLASS's fp8 mainloop (sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp),
-// which adds the tensor cores' partial sums into fp32 accumulators every `promotion_interval`
-// wgmma k-blocks; the scales sa * sb (device scalars) and alpha fold into the epilogue.
-// Block scaling: CUTLASS's blockwise mainloop
+// Per-tensor scaling: CUTLASS's fp8 collective (sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp)
+// with our consumer loop (sm90_fp8_overlapped_mainloop.cuh), which adds each 128-wide K tile's
+// partial sums into fp32 accumulators while the next tile's wgmmas run; the scales sa * sb
+// (device scalars) and alpha fold into the epilogue.
+// Block scaling: CUTLASS's blockwise collective
 // (sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp): per 128-wide K tile, the
 // partial sums are multiplied by sfa (per row) * sfb (per 128-column block) and added into the
 // fp32 accumulators; the epilogue is the plain alpha * acc + beta * C.
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "cc/cuda/fp8_gemm.h"
+#include "cc/cuda/sm90_fp8_overlapped_mainloop.cuh"
 #include "cc/cuda/sm90_gemm.cuh"  // StageKernel, PrepareKernel
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
@@ -55,25 +57,23 @@ struct OutElement<ElemType::kF32> {
 
 // -- Config ---------------------------------------------------------------------------------------
 //
-// Why these tiles.  Both mainloops keep the tensor cores' partial sums in one register set and
-// the fp32 totals in another, so a consumer warpgroup's 64 x N share of the CTA tile costs N
-// registers per thread (N/2 + N/2) before addresses and scales; a consumer thread gets 232-240
-// (setmaxnreg).  N = 128 leaves ample room, N = 192 fits, N = 256 (the bf16 kernels' 128x256)
-// would not.  M stays 128: two warpgroups of 64 rows (a 256-row tile gives each warpgroup 128
-// rows, the same count as N = 256).  K tile 128: the block-scaled mainloop needs one K tile per
-// scale block, and for per-tensor scaling the promotion every 4 k-blocks then falls at every
-// K tile.  Clusters of 2 multicast one operand's tile to both CTAs (halving its L2 reads); 2x1
-// shares B (the weight), 1x2 shares A.  DeepGEMM's SM90 fp8 kernel holds the same two
-// register sets (accum, final_accum) for each math warpgroup's 64-row share.
-// Measured with ptxas (-Xptxas -v, nvcc 13.0): per-tensor 128x256x128 spills 1000 bytes of
-// stores, 704 of loads; 128x128 and 128x192 spill none.
-// NOTE: the block-scaled kernels spill 20 bytes (56 of loads): SASS shows them at the tile
+// Why these tiles.  The fp32 promotion keeps the tensor cores' partial sums apart from the fp32
+// totals, so a consumer warpgroup's 64 x N share of the CTA tile costs N/2 registers per thread
+// per accumulator set; a consumer thread gets 232 (setmaxnreg).  CUTLASS's loops hold two sets
+// and wait for a tile's wgmmas before adding them; the overlapped loop holds three (two partial
+// sets in turn) so the add runs under the next tile's wgmmas: 192 registers at N = 128, which
+// is why every tile here is 128x128 and not the bf16 kernels' 128x256.  M stays 128: two
+// warpgroups of 64 rows.  K tile 128: one block-scale block per K tile.  Clusters of 2
+// multicast one operand's tile to both CTAs (halving its L2 reads); 2x1 shares B (the weight),
+// 1x2 shares A.
+// NOTE: the block-scaled kernels spill 12 bytes (36-48 of loads) with CUTLASS's loop, at the tile
 // loop's head and tail (the scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
 struct Fp8ConfigTraits;
 
-template <int kM, int kN, int kCm, int kCn>
+template <int kM, int kN, int kCm, int kCn, bool kOverlap = false>
 struct Fp8Cooperative {
+  static constexpr bool kOverlappedPromotion = kOverlap;  // sm90_fp8_overlapped_mainloop.cuh
   using TileShape = Shape<Int<kM>, Int<kN>, _128>;
   using ClusterShape = Shape<Int<kCm>, Int<kCn>, _1>;
   using TensorSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -86,7 +86,8 @@ struct Fp8ConfigTraits<Fp8Config::kCoop128x128_C1x2> : Fp8Cooperative<128, 128, 
 template <>
 struct Fp8ConfigTraits<Fp8Config::kCoop128x128_C2x1> : Fp8Cooperative<128, 128, 2, 1> {};
 template <>
-struct Fp8ConfigTraits<Fp8Config::kCoop128x192_C2x1> : Fp8Cooperative<128, 192, 2, 1> {};
+struct Fp8ConfigTraits<Fp8Config::kOverlap128x128_C1x2>
+    : Fp8Cooperative<128, 128, 1, 2, /*kOverlap=*/true> {};
 
 // -- Epilogues ------------------------------------------------------------------------------------
 
@@ -155,13 +156,18 @@ struct Sm90Fp8Gemm {
   using MainloopSchedule = cute::conditional_t<kBlock, typename Traits::BlockSchedule,
                                                typename Traits::TensorSchedule>;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, GmemLayoutA, kAlignAB,
       ElementB, GmemLayoutB, kAlignAB, ElementAcc, typename Traits::TileShape,
       typename Traits::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
+  static_assert(!(kBlock && Traits::kOverlappedPromotion),
+                "the overlapped promotion is per-tensor only (sm90_fp8_overlapped_mainloop.cuh)");
+  using CollectiveMainloop =
+      cute::conditional_t<Traits::kOverlappedPromotion, Fp8OverlappedPromotion<BuiltMainloop>,
+                          BuiltMainloop>;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
                                                           CollectiveMainloop, CollectiveEpilogue>;
@@ -221,11 +227,9 @@ struct StageFp8Gemm {
       args.epilogue.thread.alpha = o.alpha;
       args.epilogue.thread.beta = beta;
     } else {
+      // The overlapped mainloop promotes every K tile; the base's interval field goes unused.
       args.mainloop = {static_cast<const ElementA*>(o.a), stride_a,
-                       static_cast<const ElementB*>(o.b), stride_b,
-                       static_cast<uint32_t>(o.promotion_interval > 0
-                                                 ? o.promotion_interval
-                                                 : Fp8DefaultPromotionInterval(kD))};
+                       static_cast<const ElementB*>(o.b), stride_b};
       // Fp8TensorScaledLinComb's arguments, in its tree order: beta, C, (alpha sa sb, acc, *), +.
       args.epilogue.thread = {
           {{beta}, {nullptr}, {}},

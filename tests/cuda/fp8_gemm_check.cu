@@ -7,7 +7,7 @@
 //   build/fp8/fp8_gemm_check [--shapes MxKxN,...] [--scaling tensor|block|both]
 //       [--out bf16|f32|both] [--types e4m3|e5m2e4m3|both] [--config N|all] [--repeats R]
 //       [--warmup W] [--check-only] [--batch L] [--pad P] [--sample S] [--pdl 0|1]
-//       [--raster 0|1|2] [--swizzle S] [--promotion I] [--seed X] [--jsonl PATH]
+//       [--raster 0|1|2] [--swizzle S] [--seed X] [--jsonl PATH]
 //       [--tol-tensor-bf16 X] [--tol-tensor-f32 X] [--tol-block-bf16 X] [--tol-block-f32 X]
 //
 // Inputs are what a quantizer makes: values ~ N(0, 1), scale = amax / fp8_max (448 for e4m3,
@@ -90,7 +90,7 @@ struct Options {
   bool check_only = false;
   int64_t batch = 1, pad = 0, sample = 512;
   bool pdl = false;
-  int raster = 0, swizzle = 1, promotion = 0;  // promotion 0: the library's default
+  int raster = 0, swizzle = 1;
   uint64_t seed = 1234;
   std::string jsonl;
   double tol_tensor_bf16 = 1.25 * 1.7e-3, tol_tensor_f32 = 1e-3;
@@ -163,8 +163,6 @@ Options Parse(int argc, char** argv) {
       o.raster = std::atoi(next().c_str());
     } else if (a == "--swizzle") {
       o.swizzle = std::atoi(next().c_str());
-    } else if (a == "--promotion") {
-      o.promotion = std::atoi(next().c_str());
     } else if (a == "--seed") {
       o.seed = std::strtoull(next().c_str(), nullptr, 10);
     } else if (a == "--jsonl") {
@@ -727,7 +725,6 @@ jc::Fp8GemmLaunch MakeLaunch(const Options& opt, const CaseLayout& c, Fp8Scaling
   if (scaling == Fp8Scaling::kTensor) {
     o.scale_a = s.scales;
     o.scale_b = s.scales + 1;
-    o.promotion_interval = opt.promotion;
   } else {
     o.sfa = s.sfa;
     o.ld_sfa = c.ld_sfa;
