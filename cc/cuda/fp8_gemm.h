@@ -82,7 +82,7 @@ struct Fp8GemmOperands {
 
 struct Fp8GemmLaunch {
   Fp8Scaling scaling = Fp8Scaling::kTensor;
-  Fp8Config config = Fp8Config::kCoop128x128_C1x2;
+  Fp8Config config = Fp8Config::kOverlap128x128_C1x2;  // the first per-tensor config
   Fp8Type a_type = Fp8Type::kE4M3;
   Fp8Type b_type = Fp8Type::kE4M3;
   ElemType d_type = ElemType::kBF16;  // kBF16 or kF32; C, when present, has D's type
