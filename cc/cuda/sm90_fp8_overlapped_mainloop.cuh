@@ -12,7 +12,7 @@
 //     add     |        | acc += P0     | acc += P1     | acc += P0     |
 //     release |        | stage of t0   | stage of t1   | stage of t2   |
 //
-// Promotion is every K tile (128 of K), the most exact interval, at about the cost of none.
+// Promotion is every K tile (128 of K), the most exact interval.
 // Only the consumer side (mma, mma_tail) differs from the base collective: the producer,
 // shared storage, parameters and TMA descriptors are the base's.
 // NOTE: three accumulator sets (totals + two partials) cost 3 * M*N/256 registers per
