@@ -160,6 +160,26 @@ class Fp8ScheduleTest(parameterized.TestCase):
     self.assertLess(test_util.rel_err(out, test_util.reference_np(xd, wd)), F32_TOL)
     self.assertGreater(test_util.rel_err(out, test_util.reference_np(wrong, wd)), 0.1)
 
+  @parameterized.parameters("xla", "reference")
+  def test_a_transposed_operand(self, implementation):
+    # x arrives as the transpose of a quantized array, which XLA folds into the dot.
+    schedule, tp = Schedule.ReduceScatter1D_TilingA_RotatingC, 2
+    mesh = test_util.mesh_1d(tp)
+    xs, ws, os_ = test_util.specs(schedule, 0)
+    x, w, _ = test_util.random_inputs(11, *shapes(tp), jnp.float32)
+
+    def body(xt, w):
+      (xq, sx), (wq, sw) = jd.quantize(xt), jd.quantize(w, operand="w")
+      out = jd.distributed_matmul(xq.T, wq, axis_name="tp", schedule=schedule, x_scale=sx,
+                                  w_scale=sw, out_dtype=jnp.float32,
+                                  implementation=implementation)
+      return out, jd.dequantize(xq, sx).T, jd.dequantize(wq, sw)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), ws),
+                              out_specs=(os_, xs, ws)))
+    out, xd, wd = f(x.T, w)
+    self.assertLess(test_util.rel_err(out, test_util.reference_np(xd, wd)), F32_TOL)
+
   def test_bf16_output(self):
     schedule, tp = Schedule.ReduceScatter1D_TilingA_RotatingC, 2
     x, w, _ = test_util.random_inputs(9, *shapes(tp), jnp.float32)

@@ -1,4 +1,5 @@
-"""Process-wide defaults, overridable by environment variables; process-wide warnings."""
+"""Process-wide defaults, overridable by environment variables; process-wide warnings; the
+platform a call runs on."""
 
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ _DEFAULT_MAX_WORKSPACE_MB = 8192
 # ~24.8 days: far beyond any wait worth bounding, and far below what the executors' deadlines
 # (steady_clock::now() + timeout, %globaltimer ns) can hold without overflowing.
 MAX_TIMEOUT_MS = 2**31 - 1
+
+
+def platform() -> str:
+  """The platform of the devices a traced call runs on: the context mesh's, else the default
+  backend's."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = getattr(mesh, "abstract_device", None)
+  if device is not None and getattr(device, "platform", None):
+    return device.platform.lower()
+  return jax.default_backend().lower()
 
 
 def check_timeout_ms(value, what: str = "timeout_ms") -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_distgemm._src import reference
+from jax_distgemm._src import config, reference
 from jax_distgemm._src.schedules import Schedule
 
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
@@ -136,9 +136,10 @@ def check_scales(x, x_scale, w, w_scale, *, schedule: Schedule, tp: int) -> str:
 
 
 def _bf16_matmul(a, b):
-  # fp8 values are exact in bf16, so this is the fp8 product, accumulated in fp32.
-  return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                    preferred_element_type=jnp.float32)
+  """The fp8 product of fp8 values, accumulated in fp32: they are exact in bf16 (and fp32)."""
+  # NOTE: XLA:CPU has no bf16 x bf16 -> f32 dot for a transposed operand (DotThunk).
+  dtype = jnp.float32 if config.platform() == "cpu" else jnp.bfloat16
+  return jnp.matmul(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def matmul(x_op, w_op):

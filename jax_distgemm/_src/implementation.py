@@ -68,12 +68,7 @@ def requested(implementation: str | None) -> str | None:
   return forced
 
 
-def platform() -> str:
-  mesh = jax.sharding.get_abstract_mesh()
-  device = getattr(mesh, "abstract_device", None)
-  if device is not None and getattr(device, "platform", None):
-    return device.platform.lower()
-  return jax.default_backend().lower()
+platform = config.platform
 
 
 def ffi_unsupported_reason(platform_name: str, x, w, out_dtype, schedule: Schedule,
