@@ -223,31 +223,49 @@ class Fp8VmapTest(parameterized.TestCase):
 
 
 class Fp8GradTest(parameterized.TestCase):
-  """fp8=: the forward multiplies quantized operands; the gradient is the unquantized op's."""
+  """fp8=: the forward multiplies quantized operands; gradients pass straight through the
+  quantizer, in fp8 per tensor (g in float8_e5m2) and in the operands' dtype for blocks."""
 
-  @parameterized.parameters(*zip(SCHEDULES, ("tensor", "block") * 2))
-  def test_straight_through(self, schedule, scaling):
-    tp = 2
+  def grads(self, schedule, tp, scaling, implementation=None, batch=0):
     mesh = test_util.mesh_1d(tp)
-    xs, ws, os_ = test_util.specs(schedule, 0)
-    x, w, _ = test_util.random_inputs(test_util.seed_of("grad", schedule), *shapes(tp),
-                                      jnp.float32)
-    probe = jax.random.normal(jax.random.key(5), (x.shape[0], w.shape[1]), jnp.float32)
+    xs, ws, os_ = test_util.specs(schedule, 1 if batch else 0)
+    x, w, _ = test_util.random_inputs(test_util.seed_of("grad", schedule, tp, batch),
+                                      *shapes(tp, batch), jnp.float32)
+    probe = jax.random.normal(jax.random.key(5), x.shape[:-1] + w.shape[-1:], jnp.float32)
 
     def op(x, w, fp8):
       return jax.shard_map(lambda x, w: jd.distributed_matmul(
-          x, w, axis_name="tp", schedule=schedule, fp8=fp8), mesh=mesh, in_specs=(xs, ws),
-                           out_specs=os_)(x, w)
+          x, w, axis_name="tp", schedule=schedule, fp8=fp8, implementation=implementation),
+                           mesh=mesh, in_specs=(xs, ws), out_specs=os_)(x, w)
 
     def loss(x, w, fp8):
       return jnp.sum(op(x, w, fp8) * probe)  # linear: its cotangent is the probe, whatever ran
 
     grads = jax.jit(jax.grad(loss, (0, 1)), static_argnums=2)
-    for a, b in zip(grads(x, w, scaling), grads(x, w, None)):
-      self.assertLess(test_util.rel_err(a, np.asarray(b, np.float64)), F32_TOL)
     quantized, exact = (np.asarray(jax.jit(op, static_argnums=2)(x, w, s), np.float64)
                         for s in (scaling, None))
     self.assertBetween(test_util.rel_err(quantized, exact), 1e-3, 0.1)  # the forward quantized
+    return grads(x, w, scaling), grads(x, w, None), (x, w, probe)
+
+  @parameterized.product(schedule=SCHEDULES, implementation=[None, "xla", "reference"])
+  def test_per_tensor_backward_in_fp8(self, schedule, implementation):
+    got, exact, (x, w, g) = self.grads(schedule, 2, "tensor", implementation)
+    for a, want, b in zip(got, test_util.fp8_tensor_grads(schedule, x, w, g, 2), exact):
+      self.assertLess(test_util.rel_err(a, want), F32_TOL)
+      self.assertBetween(test_util.rel_err(a, np.asarray(b, np.float64)), 1e-2, 0.1)  # e5m2
+
+  @parameterized.parameters(*((s, tp, b) for s, tp, b in zip(SCHEDULES, (3, 4, 3, 4),
+                                                                (2, 0, 0, 2))))
+  def test_per_tensor_backward_tp_and_batch(self, schedule, tp, batch):
+    got, _, (x, w, g) = self.grads(schedule, tp, "tensor", batch=batch)
+    for a, want in zip(got, test_util.fp8_tensor_grads(schedule, x, w, g, tp)):
+      self.assertLess(test_util.rel_err(a, want), F32_TOL)
+
+  @parameterized.parameters(*SCHEDULES)
+  def test_block_backward_is_the_unquantized_ops(self, schedule):
+    got, exact, _ = self.grads(schedule, 2, "block")
+    for a, b in zip(got, exact):
+      self.assertLess(test_util.rel_err(a, np.asarray(b, np.float64)), F32_TOL)
 
   def test_under_vmap(self):
     # vmap binds the axis (fp8= is refused there: validation_test); fp8 operands run the ring.

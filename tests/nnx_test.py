@@ -436,7 +436,8 @@ class BatchAxesTest(parameterized.TestCase):
 
 
 class Fp8LayerTest(parameterized.TestCase):
-  """fp8=: the forward of quantized shards, the gradients of the unquantized layer."""
+  """fp8=: the forward of quantized shards; the gradients straight through the quantizer, in
+  fp8 per tensor (the cotangent in float8_e5m2) and unquantized for blocks."""
 
   def setUp(self):
     super().setUp()
@@ -457,9 +458,10 @@ class Fp8LayerTest(parameterized.TestCase):
       y, y_plain = quantized(x), plain(x)
       (gm, gx), (gm_plain, gx_plain) = grads(quantized), grads(plain)
     self.assertBetween(test_util.rel_err(y, np.asarray(y_plain, np.float64)), 1e-3, 0.1)
-    self.assertLess(test_util.rel_err(gx, np.asarray(gx_plain, np.float64)), 1e-5)
-    self.assertLess(test_util.rel_err(gm.kernel[...], np.asarray(gm_plain.kernel[...],
-                                                                 np.float64)), 1e-5)
+    low, high = (1e-2, 0.1) if fp8 == "tensor" else (0.0, 1e-5)  # e5m2 g; the plain backward
+    self.assertBetween(test_util.rel_err(gx, np.asarray(gx_plain, np.float64)), low, high)
+    self.assertBetween(test_util.rel_err(gm.kernel[...], np.asarray(gm_plain.kernel[...],
+                                                                    np.float64)), low, high)
 
   def test_errors_at_construction(self):
     with self.assertRaisesRegex(ValueError, "ColumnParallelLinear: fp8: expected 'tensor' or "

@@ -124,6 +124,44 @@ def reference_np(x, w, c=None, *, alpha=1.0, beta=0.0):
   return y
 
 
+def fp8_tensor_grads(schedule: Schedule, x, w, g, tp: int):
+  """float64 (dx, dw) of fp8="tensor" for global x [..., M, K], 2-D w and cotangent g: products
+  of quantized operands (autodiff._fp8_tensor_bwd), g in float8_e5m2.  g is quantized per
+  shard, or as a whole where the backward gathers it (ReduceScatter forward); x and w per shard
+  as the forward did, or as a whole where the backward gathers them."""
+  import jax_distgemm as jd  # pylint: disable=g-import-not-at-top
+
+  def deq(a, **kwargs):
+    # Quantized by a program of its own (XLA's fused division may round a value the other way
+    # than an eager one); dequantized apart from it, so that its fp8 rounding stays.
+    q = jax.jit(lambda a: jd.quantize(a, "tensor", **kwargs))(jnp.asarray(a))
+    return np.asarray(jd.dequantize(*q), np.float64)
+
+  def deq_g(a):
+    return deq(a, dtype=jnp.float8_e5m2)
+
+  def fold(a):
+    return a.reshape(-1, a.shape[-1])
+
+  def t(a):
+    return np.swapaxes(a, -1, -2)
+
+  x, w, g = (np.asarray(a, np.float32) for a in (x, w, g))
+  if schedule == Schedule.AllGather1D_TilingCD_RotatingA:  # g and w by columns
+    gs, ws = np.split(g, tp, -1), np.split(w, tp, -1)
+    dx = sum(deq_g(gr) @ t(deq(wr, operand="w")) for gr, wr in zip(gs, ws))
+    dw = np.concatenate([fold(deq(x)).T @ fold(deq_g(gr)) for gr in gs], -1)
+  elif schedule == Schedule.AllGather1D_TilingCD_RotatingB:  # x and g by rows
+    gs, xs = np.split(g, tp, -2), np.split(x, tp, -2)
+    dw = sum(fold(deq(xr)).T @ fold(deq_g(gr)) for gr, xr in zip(gs, xs))
+    dx = np.concatenate([deq_g(gr) @ t(deq(w, operand="w")) for gr in gs], -2)
+  else:  # x by K columns, w by K rows
+    xs, ws = np.split(x, tp, -1), np.split(w, tp, 0)
+    dx = np.concatenate([deq_g(g) @ t(deq(wr, operand="w")) for wr in ws], -1)
+    dw = np.concatenate([fold(deq(xr)).T @ fold(deq_g(g)) for xr in xs], 0)
+  return dx, dw
+
+
 def rel_err(out, ref) -> float:
   out = np.asarray(out, np.float64)
   return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))

@@ -56,7 +56,8 @@ def distributed_matmul(x, w, c=None, *, axis_name, schedule: Schedule | str,
     x_scale, w_scale: fp32 scales of fp8 x and w (jax_distgemm.quantize): scalars, or block
       scales [..., rows, K/128] and [..., K/128, cols/128]; they shard like their operand.
     fp8: "tensor" or "block": quantize bf16/fp16/fp32 x and w in the call (current scaling, per
-      shard) and multiply in fp8; gradients pass straight through to x and w.
+      shard) and multiply in fp8; gradients pass straight through to x and w (per tensor in
+      fp8, the cotangent in float8_e5m2; block-scaled in x's and w's dtype).
 
   Returns:
     The local shard of the output, or (output, gathered operand) with return_gathered.

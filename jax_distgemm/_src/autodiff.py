@@ -37,6 +37,9 @@ cotangent, if any, joins the operand's gradient through a reduce-scatter (AG's t
 Cotangents are cast to the operands' dtype before the backward GEMMs (as a bf16 training step
 does), an fp32 cotangent of fp16 operands first scaled into fp16's range (scale_cotangent);
 every GEMM accumulates in fp32.  Forward mode (jax.jvp) is not defined: custom_vjp.
+
+fp8="tensor" runs the same table in fp8 (g in float8_e5m2, _fp8_tensor_bwd); fp8="block" runs
+it in the operands' dtype.
 """
 
 from __future__ import annotations
@@ -291,8 +294,9 @@ _matmul_with_operand_dense.defvjp(_fwd_with_operand_dense, _bwd_with_operand)
 
 
 # fp8=: the forward quantizes x and w (current scaling, per shard) and runs the fp8 call; the
-# backward is the unquantized call's (straight through the quantizer): the dual schedule in the
-# operands' own dtype.
+# backward differentiates straight through the quantizer.  Per tensor it runs in fp8, as
+# TransformerEngine's recipe does: the cotangent in float8_e5m2 (range over precision), x and
+# w in float8_e4m3fn.  Block scaling's backward is the unquantized op's (_bwd).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def quantized_matmul(x, w, c, params: Params, scaling: str, name: str):
   """The differentiable per-shard op with fp8=`scaling`, run by implementation `name`."""
@@ -306,8 +310,75 @@ def _fp8_fwd(x, w, c, params, scaling, name):
 
 
 def _fp8_bwd(params, scaling, name, res, g):
-  del scaling, name
+  del name  # the backward's calls choose their own implementation
+  if scaling == "tensor":
+    return _fp8_tensor_bwd(params, res, g)
   return _bwd(params, res, g)
+
+
+def _tq(op):
+  """The transpose of a per-tensor (values, scale) pair."""
+  return _t(op[0]), op[1]
+
+
+def _fp8_dual(a, b, params: Params, schedule: Schedule, dtype):
+  """The dual fused op on per-tensor pairs, a (the e5m2 cotangent) on the x side."""
+  out = jnp.dtype(dtype) if jnp.dtype(dtype) in fp8.OUT_DTYPES else jnp.dtype(jnp.float32)
+  p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=out,
+                          with_operand=False)
+  name = implementation.choose_fp8(a[0], b[0], p, (), "tensor")
+  return implementation.run_fp8(a[0], a[1], b[0], b[1], None, p, name).astype(dtype)
+
+
+def _fp8_local(a, b, alpha: float, dtype):
+  acc = fp8.matmul(a, b)
+  return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
+
+
+def _fp8_tensor_bwd(params: Params, res, g):
+  """_bwd's table with per-tensor fp8 operands: g in e5m2 with one scale per shard, or one
+  agreed over the group where the backward gathers g (AG(g) is then one tensor); x and w
+  quantized as the forward did, or as a whole where the backward gathers them.
+
+  NOTE: the fused kernels take e5m2 on the x side only, so where the table has g on the w
+  side (dw of RotatingB and TilingB) the dual op computes dw transposed (RS_cols(xT @ g) =
+  RS_rows(gT @ x)T, AG_cols is AG_rows of the transpose).  The ReduceScatters' backward
+  gathers g once more for the local GEMM, in fp8: as many bytes as the bf16 backward's one.
+  NOTE: not differentiable again where a dual op runs the fused call (no JVP of it)."""
+  x, w, c_token = res
+  op = OP_SETS[params.schedule]
+  alpha, w_batched = params.alpha, w.ndim > 2
+  rows = x.ndim - 2
+  dc = None if c_token is None else (params.beta * g.astype(jnp.float32)).astype(c_token.dtype)
+  amax = jnp.max(jnp.abs(g.astype(jnp.float32)))
+  if op.gathered == "g":
+    amax = jax.lax.pmax(amax, _axis(params))
+  gq = fp8.quantize_by_amax(g, amax, jnp.float8_e5m2)
+  xq, wq = fp8.quantize(x, "tensor"), fp8.quantize(w, "tensor", operand="w")
+  s = params.schedule
+  if s in (Schedule.AllGather1D_TilingCD_RotatingB, Schedule.ReduceScatter1D_TilingB_RotatingC):
+    # dw by its transpose, the cotangent on the x side: gT @ x, batch folded into K.
+    xt, gf = _fold_batch(_t(xq[0]), gq[0], w_batched)
+    dual = (Schedule.ReduceScatter1D_TilingA_RotatingC
+            if s == Schedule.AllGather1D_TilingCD_RotatingB
+            else Schedule.AllGather1D_TilingCD_RotatingA)
+    dw = _t(_fp8_dual((_t(gf), gq[1]), (_t(xt), xq[1]), params, dual, w.dtype))
+    if s == Schedule.AllGather1D_TilingCD_RotatingB:
+      w_all = fp8.quantize(_all_gather(w, params, w.ndim - 1), "tensor", operand="w")
+      dx = _fp8_local(gq, _tq(w_all), alpha, x.dtype)
+    else:
+      g_all = (_all_gather(gq[0], params, g.ndim - 1), gq[1])
+      dx = _fp8_local(g_all, _tq(wq), alpha, x.dtype)
+    return dx, dw, dc
+  dx = _fp8_dual(gq, _tq(wq), params, op.backward, x.dtype)
+  if s == Schedule.AllGather1D_TilingCD_RotatingA:
+    lhs = fp8.quantize(_all_gather(x, params, rows), "tensor")
+    rhs = gq
+  else:
+    lhs, rhs = xq, (_all_gather(gq[0], params, rows), gq[1])
+  lhs_t, rhs_v = _fold_batch(_t(lhs[0]), rhs[0], w_batched)
+  dw = _fp8_local((lhs_t, lhs[1]), (rhs_v, rhs[1]), alpha, w.dtype)
+  return dx, dw, dc
 
 
 quantized_matmul.defvjp(_fp8_fwd, _fp8_bwd)

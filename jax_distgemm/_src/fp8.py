@@ -70,8 +70,7 @@ def quantize(a, scaling: str = "tensor", *, operand: str = "x", dtype=jnp.float8
   fmax = float(jnp.finfo(dtype).max)
   a32 = jnp.asarray(a).astype(jnp.float32)
   if scaling == "tensor":
-    scale = _scale_of(jnp.max(jnp.abs(a32)), fmax)
-    return jnp.clip(a32 / scale, -fmax, fmax).astype(dtype), scale
+    return quantize_by_amax(a32, jnp.max(jnp.abs(a32)), dtype)
   *batch, r, c = a32.shape
   if operand == "x" and c % BLOCK or operand == "w" and (r % BLOCK or c % BLOCK):
     dims = "K" if operand == "x" else "both dims"
@@ -86,6 +85,13 @@ def quantize(a, scaling: str = "tensor", *, operand: str = "x", dtype=jnp.float8
     scale = _scale_of(jnp.max(jnp.abs(blocks), axis=(-3, -1)), fmax)
     values = blocks / scale[..., :, None, :, None]
   return jnp.clip(values, -fmax, fmax).reshape(a32.shape).astype(dtype), scale
+
+
+def quantize_by_amax(a, amax, dtype):
+  """Per-tensor (values, scale) of `a` for a given amax: one agreed over devices, say."""
+  fmax = float(jnp.finfo(dtype).max)
+  scale = _scale_of(amax, fmax)
+  return jnp.clip(a.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype), scale
 
 
 def _scale_of(amax, fmax):
