@@ -267,6 +267,38 @@ class Fp8GradTest(parameterized.TestCase):
     for a, b in zip(got, exact):
       self.assertLess(test_util.rel_err(a, np.asarray(b, np.float64)), F32_TOL)
 
+  @parameterized.product(scaling=["tensor", "block"], batch=[0, 2])
+  def test_collective_matmul_under_jit(self, scaling, batch):
+    # Auto axes: the jit-level backward's ops, partitioned like the forward.  Block: the
+    # unquantized op's gradients (its dual ops' shards need not be whole 128-blocks).
+    tp = 4
+    mesh = jax.make_mesh((tp,), ("tp",), devices=test_util.cpu_devices(tp),
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    x_shape, w_shape = shapes(tp, batch)
+    x, w, _ = test_util.random_inputs(test_util.seed_of("jit grad", batch), x_shape, w_shape,
+                                      jnp.float32)
+    lead = (None,) * (x.ndim - 2)
+    x = jax.device_put(x, NamedSharding(mesh, P(*lead, "tp", None)))
+    w = jax.device_put(w, NamedSharding(mesh, P(None, "tp")))
+    probe = jax.random.normal(jax.random.key(5), x_shape[:-1] + w_shape[-1:], jnp.float32)
+
+    def grads(fp8):
+      loss = lambda x, w: jnp.sum(jd.collective_matmul(x, w, axis="tp", fp8=fp8) * probe)
+      return jax.jit(jax.grad(loss, (0, 1)))
+
+    with jax.set_mesh(mesh):
+      got, exact = grads(scaling)(x, w), grads(None)(x, w)
+      hlo = grads(scaling).lower(x, w).compile().as_text()
+    errors = [test_util.rel_err(a, np.asarray(b, np.float64)) for a, b in zip(got, exact)]
+    if scaling == "tensor":
+      # dx is the forward's dual, a fused op (g in e5m2); where Shardy leaves dw no fused
+      # layout (jax 0.12) the plain dot computes it unquantized.
+      self.assertBetween(errors[0], 1e-2, 0.1)
+      self.assertLess(errors[1], 0.1)
+    else:
+      self.assertLess(max(errors), F32_TOL)
+    self.assertEqual("f8e5m2" in hlo, scaling == "tensor")
+
   def test_under_vmap(self):
     # vmap binds the axis (fp8= is refused there: validation_test); fp8 operands run the ring.
     x = jax.random.normal(jax.random.key(1), (2, 64, 128), jnp.float32)

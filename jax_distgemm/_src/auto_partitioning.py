@@ -198,13 +198,17 @@ def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
   its primal: where that is a collective-matmul layout (the dual of the forward's schedule)
   the partitioner emits the fused op, elsewhere the plain dot (XLA's collectives)."""
   x, w = res
-  # fp16 x with an fp32 out: a global power-of-two scale keeps g within fp16 (autodiff.py;
-  # a global array's max needs no collective of ours).
-  g, sc = autodiff.scale_cotangent(g, x.dtype)
   t = lambda a: jnp.swapaxes(a, -1, -2)
+  if cfg.options.fp8 == "tensor":
+    return _auto_fp8_bwd(cfg, x, w, g)
+  # fp16 x with an fp32 out: a global power-of-two scale keeps g within fp16 (autodiff.py;
+  # a global array's max needs no collective of ours).  Block scaling's backward is the
+  # unquantized op's (as autodiff.py's).
+  g, sc = autodiff.scale_cotangent(g, x.dtype)
+  options = dataclasses.replace(cfg.options, fp8=None)
 
   def op(a, b, like, dtype):
-    c = dataclasses.replace(cfg, options=dataclasses.replace(cfg.options, out_dtype=dtype),
+    c = dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=dtype),
                             out_spec=None, fallback="dot", w_batched=b.ndim > 2,
                             with_like=True)
     return _auto_matmul_like(a, b, like, c)
@@ -213,11 +217,32 @@ def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
   if w.ndim > 2 or x.ndim == 2:
     dw = op(t(x), g, w, w.dtype)
   else:  # sum over the batch dims too, folded per shard (a global fold could not be sharded)
-    c = dataclasses.replace(cfg, options=dataclasses.replace(cfg.options, out_dtype=w.dtype),
+    c = dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=w.dtype),
                             out_spec=None, fallback="dot", w_batched=False, with_like=True,
                             fold_rank=x.ndim)
     dw = _auto_weight_grad(x, g, w, c)
   return autodiff.unscale(dx, sc), autodiff.unscale(dw, sc)
+
+
+def _auto_fp8_bwd(cfg: _AutoConfig, x, w, g):
+  """fp8="tensor": the same two ops with g quantized to float8_e5m2 on the x side (the fused
+  kernels take e5m2 there), so dw is computed transposed: dwT = gT @ x.  Each fused op
+  quantizes its own shards; a plain dot runs unquantized, as the forward's does."""
+  t = lambda a: jnp.swapaxes(a, -1, -2)
+  options = dataclasses.replace(cfg.options, fp8_cotangent=True)
+
+  def config_for(dtype, **kwargs):
+    out = dtype if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32) else jnp.float32
+    return dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=out),
+                               out_spec=None, fallback="dot", with_like=True, **kwargs)
+
+  dx = _auto_matmul_like(g, t(w), x, config_for(x.dtype, w_batched=w.ndim > 2))
+  if w.ndim > 2 or x.ndim == 2:
+    dwt = _auto_matmul_like(t(g), x, t(w), config_for(w.dtype, w_batched=w.ndim > 2))
+  else:  # summed over the batch dims too, folded per shard
+    dwt = _auto_weight_grad(g, x, t(w), config_for(w.dtype, w_batched=False,
+                                                   fold_rank=x.ndim))
+  return dx.astype(x.dtype), t(dwt).astype(w.dtype)
 
 
 _auto_matmul.defvjp(_auto_matmul_fwd, _auto_matmul_bwd)

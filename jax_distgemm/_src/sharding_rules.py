@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jax_distgemm._src import api
+from jax_distgemm._src import api, fp8
 from jax_distgemm._src.reference import matmul_f32
 from jax_distgemm._src.schedules import Schedule
 
@@ -202,6 +202,7 @@ class Options:
   implementation: str | None | Callable
   timeout_ms: int | None
   fp8: str | None = None  # "tensor" or "block": quantize every shard in the call (fp8.py)
+  fp8_cotangent: bool = False  # x is a cotangent (the backward's ops): float8_e5m2
 
 
 def fused_body(p: Plan, o: Options):
@@ -212,10 +213,15 @@ def fused_body(p: Plan, o: Options):
     if callable(o.implementation):  # a per-shard op the caller injected (alpha is 1)
       out = o.implementation(x, w, axis_name=o.axis, schedule=p.schedule, out_dtype=dtype)
     else:
+      quantized = dict(fp8=o.fp8)
+      if o.fp8_cotangent:  # per tensor, as autodiff._fp8_tensor_bwd quantizes g
+        (x, sx), (w, sw) = (fp8.quantize(x, "tensor", dtype=jnp.float8_e5m2),
+                            fp8.quantize(w, "tensor", operand="w"))
+        quantized = dict(x_scale=sx, w_scale=sw)
       out = api.distributed_matmul(x, w, axis_name=o.axis, schedule=p.schedule,
                                    alpha=o.alpha, out_dtype=dtype,
                                    implementation=o.implementation, timeout_ms=o.timeout_ms,
-                                   fp8=o.fp8)
+                                   **quantized)
     if p.psum_axes:
       out = jax.lax.psum(out, p.psum_axes).astype(o.out_dtype)
     return out
