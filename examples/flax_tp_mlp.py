@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     hlo = grad_fn.lower(state, xs, ys).compile().as_text()
   counts = {name: len(re.findall(rf"= [^=\n]*\b{name}(-start)?\(", hlo))
             for name in ("all-gather", "reduce-scatter", "all-reduce", "collective-permute")}
-  fused = len(re.findall(r'custom_call_target="jax_distgemm_(gathered_)?v1"', hlo))
+  fused = len(re.findall(r'custom_call_target="jax_distgemm_(gathered_|fp8_)?v1"', hlo))
   print(f"forward+backward HLO: {fused} fused collective matmuls (FFI custom calls), "
         + ", ".join(f"{v} {k}" for k, v in counts.items()))
   with jax.default_device(one):
