@@ -109,12 +109,12 @@ def _fold_batch(xt, g, w_batched: bool):
 def _weight_grad(lhs_t, rhs, alpha: float, w_batched: bool, dtype):
   """alpha * lhs_t @ rhs, summed over batch dims unless w is batched; fp32 accumulation."""
   lhs_t, rhs = _fold_batch(lhs_t, rhs, w_batched)
-  acc = matmul_f32(lhs_t, rhs)
-  return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
+  return _local_gemm(lhs_t, rhs, alpha, dtype)
 
 
-def _input_grad(g, w_t, alpha: float, dtype):
-  acc = matmul_f32(g, w_t)
+def _local_gemm(a, b, alpha: float, dtype, matmul=matmul_f32):
+  """alpha * matmul(a, b) (fp32 accumulation) in `dtype`: the backward's local GEMM."""
+  acc = matmul(a, b)
   return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
 
 
@@ -275,7 +275,7 @@ def _bwd(params: Params, res, g):
     xt, gf = _fold_batch(_t(x), g, w_batched)
     dw, _ = _dual(xt, gf, params, op.backward, w.dtype, with_operand=False)
     w_all = _all_gather(w, params, w.ndim - 1)                # re-gathered (see docstring)
-    dx = _input_grad(g, _t(w_all), alpha, x.dtype)
+    dx = _local_gemm(g, _t(w_all), alpha, x.dtype)
   elif s == Schedule.ReduceScatter1D_TilingA_RotatingC:
     # out [B, M/TP, N] = RS_rows(x @ w).
     dx, g_all = _dual(g, _t(w), params, op.backward, x.dtype, with_operand=True)
@@ -285,7 +285,7 @@ def _bwd(params: Params, res, g):
     xt, gf = _fold_batch(_t(x), g, w_batched)
     dw, g_all = _dual(xt, gf, params, op.backward, w.dtype, with_operand=True)
     g_all = g_all.reshape(g.shape[:-1] + (g_all.shape[-1],))  # unfold B
-    dx = _input_grad(g_all, _t(w), alpha, x.dtype)
+    dx = _local_gemm(g_all, _t(w), alpha, x.dtype)
   return unscale(dx, sc), unscale(dw, sc), dc
 
 _matmul.defvjp(_fwd, _bwd)
@@ -330,11 +330,6 @@ def _fp8_dual(a, b, params: Params, schedule: Schedule, dtype):
   return implementation.run_fp8(a[0], a[1], b[0], b[1], None, p, name).astype(dtype)
 
 
-def _fp8_local(a, b, alpha: float, dtype):
-  acc = fp8.matmul(a, b)
-  return (acc if alpha == 1.0 else alpha * acc).astype(dtype)
-
-
 def _fp8_tensor_bwd(params: Params, res, g):
   """_bwd's table with per-tensor fp8 operands: g in e5m2 with one scale per shard, or one
   agreed over the group where the backward gathers g (AG(g) is then one tensor); x and w
@@ -365,10 +360,10 @@ def _fp8_tensor_bwd(params: Params, res, g):
     dw = _t(_fp8_dual((_t(gf), gq[1]), (_t(xt), xq[1]), params, dual, w.dtype))
     if s == Schedule.AllGather1D_TilingCD_RotatingB:
       w_all = fp8.quantize(_all_gather(w, params, w.ndim - 1), "tensor", operand="w")
-      dx = _fp8_local(gq, _tq(w_all), alpha, x.dtype)
+      dx = _local_gemm(gq, _tq(w_all), alpha, x.dtype, fp8.matmul)
     else:
       g_all = (_all_gather(gq[0], params, g.ndim - 1), gq[1])
-      dx = _fp8_local(g_all, _tq(wq), alpha, x.dtype)
+      dx = _local_gemm(g_all, _tq(wq), alpha, x.dtype, fp8.matmul)
     return dx, dw, dc
   dx = _fp8_dual(gq, _tq(wq), params, op.backward, x.dtype)
   if s == Schedule.AllGather1D_TilingCD_RotatingA:
@@ -377,7 +372,7 @@ def _fp8_tensor_bwd(params: Params, res, g):
   else:
     lhs, rhs = xq, (_all_gather(gq[0], params, rows), gq[1])
   lhs_t, rhs_v = _fold_batch(_t(lhs[0]), rhs[0], w_batched)
-  dw = _fp8_local((lhs_t, lhs[1]), (rhs_v, rhs[1]), alpha, w.dtype)
+  dw = _local_gemm((lhs_t, lhs[1]), (rhs_v, rhs[1]), alpha, w.dtype, fp8.matmul)
   return dx, dw, dc
 
 
