@@ -21,7 +21,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_distgemm._src import autodiff, config, primitives, validation
+from jax_distgemm._src import autodiff, config, fp8, primitives, validation
 from jax_distgemm._src import sharding_rules as rules
 
 
@@ -196,53 +196,40 @@ def _auto_matmul_fwd(x, w, cfg):
 def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
   """dx = g @ wT and dw = xT @ g as two more partitioned ops, each asked for the sharding of
   its primal: where that is a collective-matmul layout (the dual of the forward's schedule)
-  the partitioner emits the fused op, elsewhere the plain dot (XLA's collectives)."""
+  the partitioner emits the fused op, elsewhere the plain dot (XLA's collectives).
+
+  fp8="tensor": each fused op quantizes its own shards, g to float8_e5m2 on the x side (the
+  fused kernels take e5m2 there), so dw is asked for transposed, dwT = gT @ x; a plain dot runs
+  unquantized, as the forward's does.  Block scaling's backward runs unquantized (as
+  autodiff.py's)."""
   x, w = res
   t = lambda a: jnp.swapaxes(a, -1, -2)
-  if cfg.options.fp8 == "tensor":
-    return _auto_fp8_bwd(cfg, x, w, g)
-  # fp16 x with an fp32 out: a global power-of-two scale keeps g within fp16 (autodiff.py;
-  # a global array's max needs no collective of ours).  Block scaling's backward is the
-  # unquantized op's (as autodiff.py's).
-  g, sc = autodiff.scale_cotangent(g, x.dtype)
-  options = dataclasses.replace(cfg.options, fp8=None)
-
-  def op(a, b, like, dtype):
-    c = dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=dtype),
-                            out_spec=None, fallback="dot", w_batched=b.ndim > 2,
-                            with_like=True)
-    return _auto_matmul_like(a, b, like, c)
-
-  dx = op(g, t(w), x, x.dtype)
-  if w.ndim > 2 or x.ndim == 2:
-    dw = op(t(x), g, w, w.dtype)
-  else:  # sum over the batch dims too, folded per shard (a global fold could not be sharded)
-    c = dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=w.dtype),
-                            out_spec=None, fallback="dot", w_batched=False, with_like=True,
-                            fold_rank=x.ndim)
-    dw = _auto_weight_grad(x, g, w, c)
-  return autodiff.unscale(dx, sc), autodiff.unscale(dw, sc)
-
-
-def _auto_fp8_bwd(cfg: _AutoConfig, x, w, g):
-  """fp8="tensor": the same two ops with g quantized to float8_e5m2 on the x side (the fused
-  kernels take e5m2 there), so dw is computed transposed: dwT = gT @ x.  Each fused op
-  quantizes its own shards; a plain dot runs unquantized, as the forward's does."""
-  t = lambda a: jnp.swapaxes(a, -1, -2)
-  options = dataclasses.replace(cfg.options, fp8_cotangent=True)
+  fp8_tensor = cfg.options.fp8 == "tensor"
+  if fp8_tensor:
+    options, sc = dataclasses.replace(cfg.options, fp8_cotangent=True), None
+  else:
+    # fp16 x with an fp32 out: a global power-of-two scale keeps g within fp16 (autodiff.py;
+    # a global array's max needs no collective of ours).
+    g, sc = autodiff.scale_cotangent(g, x.dtype)
+    options = dataclasses.replace(cfg.options, fp8=None)
 
   def config_for(dtype, **kwargs):
-    out = dtype if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32) else jnp.float32
-    return dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=out),
+    if fp8_tensor and jnp.dtype(dtype) not in fp8.OUT_DTYPES:
+      dtype = jnp.float32  # an fp8 call writes bf16 or fp32
+    return dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=dtype),
                                out_spec=None, fallback="dot", with_like=True, **kwargs)
 
+  def weight_grad(a, b, like):
+    """aT @ b, summed over the batch dims too where w is 2-D (and x is not)."""
+    if w.ndim > 2 or x.ndim == 2:
+      return _auto_matmul_like(t(a), b, like, config_for(like.dtype, w_batched=w.ndim > 2))
+    # Folded per shard (a global fold could not be sharded).
+    return _auto_weight_grad(a, b, like, config_for(like.dtype, w_batched=False,
+                                                    fold_rank=x.ndim))
+
   dx = _auto_matmul_like(g, t(w), x, config_for(x.dtype, w_batched=w.ndim > 2))
-  if w.ndim > 2 or x.ndim == 2:
-    dwt = _auto_matmul_like(t(g), x, t(w), config_for(w.dtype, w_batched=w.ndim > 2))
-  else:  # summed over the batch dims too, folded per shard
-    dwt = _auto_weight_grad(g, x, t(w), config_for(w.dtype, w_batched=False,
-                                                   fold_rank=x.ndim))
-  return dx.astype(x.dtype), t(dwt).astype(w.dtype)
+  dw = t(weight_grad(g, x, t(w))) if fp8_tensor else weight_grad(x, g, w)
+  return (autodiff.unscale(dx.astype(x.dtype), sc), autodiff.unscale(dw.astype(w.dtype), sc))
 
 
 _auto_matmul.defvjp(_auto_matmul_fwd, _auto_matmul_bwd)
