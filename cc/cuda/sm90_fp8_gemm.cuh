@@ -65,7 +65,9 @@ struct OutElement<ElemType::kF32> {
 // is why every tile here is 128x128 and not the bf16 kernels' 128x256.  M stays 128: two
 // warpgroups of 64 rows.  K tile 128: one block-scale block per K tile.  Clusters of 2
 // multicast one operand's tile to both CTAs (halving its L2 reads); 2x1 shares B (the weight),
-// 1x2 shares A.
+// 1x2 shares A.  Not taken: the two warpgroups taking turns at the tensor cores, each adding
+// while the other's K tile runs (two sets, so 128x192 fits): slower at most stage shapes, per
+// tensor and per block, as the turn serializes their issue.
 // NOTE: the block-scaled kernels spill 12 bytes (36-48 of loads) with CUTLASS's loop, at the tile
 // loop's head and tail (the scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
