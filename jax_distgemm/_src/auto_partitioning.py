@@ -214,8 +214,8 @@ def _auto_matmul_bwd(cfg: _AutoConfig, res, g):
     options = dataclasses.replace(cfg.options, fp8=None)
 
   def config_for(dtype, **kwargs):
-    if fp8_tensor and jnp.dtype(dtype) not in fp8.OUT_DTYPES:
-      dtype = jnp.float32  # an fp8 call writes bf16 or fp32
+    if fp8_tensor:
+      dtype = fp8.call_out_dtype(dtype)
     return dataclasses.replace(cfg, options=dataclasses.replace(options, out_dtype=dtype),
                                out_spec=None, fallback="dot", with_like=True, **kwargs)
 

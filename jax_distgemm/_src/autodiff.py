@@ -323,8 +323,8 @@ def _tq(op):
 
 def _fp8_dual(a, b, params: Params, schedule: Schedule, dtype):
   """The dual fused op on per-tensor pairs, a (the e5m2 cotangent) on the x side."""
-  out = jnp.dtype(dtype) if jnp.dtype(dtype) in fp8.OUT_DTYPES else jnp.dtype(jnp.float32)
-  p = dataclasses.replace(params, schedule=schedule, beta=0.0, out_dtype=out,
+  p = dataclasses.replace(params, schedule=schedule, beta=0.0,
+                          out_dtype=fp8.call_out_dtype(dtype),
                           with_operand=False)
   name = implementation.choose_fp8(a[0], b[0], p, (), "tensor")
   return implementation.run_fp8(a[0], a[1], b[0], b[1], None, p, name).astype(dtype)

@@ -94,6 +94,13 @@ def quantize_by_amax(a, amax, dtype):
   return jnp.clip(a.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype), scale
 
 
+def call_out_dtype(dtype):
+  """The dtype an fp8 call writes for a result wanted in `dtype`: `dtype` where the kernels
+  write it (OUT_DTYPES), else float32, cast by the caller."""
+  dtype = jnp.dtype(dtype)
+  return dtype if dtype in OUT_DTYPES else jnp.dtype(jnp.float32)
+
+
 def _scale_of(amax, fmax):
   return jnp.where(amax > 0, amax / fmax, 1.0).astype(jnp.float32)
 
