@@ -43,18 +43,20 @@ namespace jax_distgemm::cuda {
 enum class Fp8Type : int32_t { kE4M3 = 0, kE5M2 = 1 };  // float8_e4m3fn, float8_e5m2
 enum class Fp8Scaling : int32_t { kTensor = 0, kBlock = 1 };
 
-// Kernel configurations: two consumer warpgroups (Cooperative), CTA tile 128x128, K tile 128,
-// cluster shape.  Not every config is compiled for every scaling (Fp8AvailableConfigs).
+// Kernel configurations: two consumer warpgroups (Cooperative), CTA tile, K tile 128, cluster
+// shape.  Not every config is compiled for every scaling (Fp8AvailableConfigs).
 // NOTE: the fp32 promotion keeps extra accumulator sets in registers (N/2 per set and
-// consumer thread for a 64 x N share), so the tiles are narrower than the bf16 kernels'
-// 128x256 (sm90_fp8_gemm.cuh, "Config").
+// consumer thread for a 64 x N share), which is what bounds the tiles (sm90_fp8_gemm.cuh,
+// "Config").
 enum class Fp8Config : int32_t {
   kCoop128x128_C1x2 = 0,     // block only: CUTLASS's blockwise mainloop, A multicast over N
   kCoop128x128_C2x1 = 1,     // block only: the same, B multicast over M
   kOverlap128x128_C1x2 = 2,  // per-tensor only: promotion overlapped with the next K tile's
                              // wgmmas (sm90_fp8_overlapped_mainloop.cuh), A multicast over N
+  kSplit128x256_C2x1 = 3,    // block only: 128x256, each warpgroup promotes in two halves
+                             // (sm90_fp8_split_mainloop.cuh), B multicast over M
 };
-inline constexpr int kNumFp8Configs = 3;
+inline constexpr int kNumFp8Configs = 4;
 const char* Fp8ConfigName(Fp8Config c);
 const char* Fp8TypeName(Fp8Type t);
 const char* Fp8ScalingName(Fp8Scaling s);

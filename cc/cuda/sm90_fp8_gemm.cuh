@@ -5,9 +5,10 @@
 // partial sums into fp32 accumulators while the next tile's wgmmas run; the scales sa * sb
 // (device scalars) and alpha fold into the epilogue.
 // Block scaling: CUTLASS's blockwise collective
-// (sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp): per 128-wide K tile, the
-// partial sums are multiplied by sfa (per row) * sfb (per 128-column block) and added into the
-// fp32 accumulators; the epilogue is the plain alpha * acc + beta * C.
+// (sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp), at 128x256 with our
+// consumer loop (sm90_fp8_split_mainloop.cuh), at 128x128 with CUTLASS's: per 128-wide K tile,
+// the partial sums are multiplied by sfa (per row) * sfb (per 128-column block) and added into
+// the fp32 accumulators; the epilogue is the plain alpha * acc + beta * C.
 //
 // Layouts are fp8_gemm.h's: A [M, K] and B^T [N, K] K-major (CUTLASS: A RowMajor, B
 // ColumnMajor), C, D [M, N] row-major.
@@ -22,6 +23,7 @@
 
 #include "cc/cuda/fp8_gemm.h"
 #include "cc/cuda/sm90_fp8_overlapped_mainloop.cuh"
+#include "cc/cuda/sm90_fp8_split_mainloop.cuh"
 #include "cc/cuda/sm90_gemm.cuh"  // StageKernel, PrepareKernel
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
@@ -59,23 +61,32 @@ struct OutElement<ElemType::kF32> {
 //
 // Why these tiles.  The fp32 promotion keeps the tensor cores' partial sums apart from the fp32
 // totals, so a consumer warpgroup's 64 x N share of the CTA tile costs N/2 registers per thread
-// per accumulator set; a consumer thread gets 232 (setmaxnreg).  CUTLASS's loops hold two sets
-// and wait for a tile's wgmmas before adding them; the overlapped loop holds three (two partial
-// sets in turn) so the add runs under the next tile's wgmmas: 192 registers at N = 128, which
-// is why every tile here is 128x128 and not the bf16 kernels' 128x256.  M stays 128: two
-// warpgroups of 64 rows.  K tile 128: one block-scale block per K tile.  Clusters of 2
-// multicast one operand's tile to both CTAs (halving its L2 reads); 2x1 shares B (the weight),
-// 1x2 shares A.  Not taken: the two warpgroups taking turns at the tensor cores, each adding
-// while the other's K tile runs (two sets, so 128x192 fits): slower at most stage shapes, per
-// tensor and per block, as the turn serializes their issue.
-// NOTE: the block-scaled kernels spill 12 bytes (36-48 of loads) with CUTLASS's loop, at the tile
-// loop's head and tail (the scheduler's work tile), not in the K loop.
+// per accumulator set; a consumer thread gets 232 (setmaxnreg).  CUTLASS's loops hold two
+// whole-width sets and wait for a tile's wgmmas before adding them, so they stop at 128x128
+// (128x256 would need 256).  Per tensor, the overlapped loop holds three (two partial sets in
+// turn) so the add runs under the next tile's wgmmas: 192 registers at N = 128.  Per block,
+// the split loop reaches the bf16 kernels' 128x256 with one half-width partial set (192) and
+// leaves its adds to the other warpgroup's wgmmas; per tensor it ran no faster than the
+// overlapped loop.  M stays 128: two warpgroups of 64 rows.  K tile 128: one block-scale block
+// per K tile.  Clusters of 2 multicast one operand's tile to both CTAs (halving its L2 reads);
+// 2x1 shares B (the weight), 1x2 shares A.  Not taken: the two warpgroups taking turns at the
+// tensor cores, each adding while the other's K tile runs (two sets, so 128x192 fits): slower
+// at most stage shapes, per tensor and per block, as the turn serializes their issue.
+// NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
+// scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
 struct Fp8ConfigTraits;
 
-template <int kM, int kN, int kCm, int kCn, bool kOverlap = false>
+// Whose consumer loop promotes the tensor cores' partial sums into the fp32 totals.
+enum class Fp8Promotion {
+  kCutlass,     // CUTLASS's collective
+  kOverlapped,  // per tensor, 128x128: adds under the warpgroup's own next K tile
+  kSplit,       // 128x256: each warpgroup's share in two halves, one partial set
+};
+
+template <int kM, int kN, int kCm, int kCn, Fp8Promotion kLoop = Fp8Promotion::kCutlass>
 struct Fp8Cooperative {
-  static constexpr bool kOverlappedPromotion = kOverlap;  // sm90_fp8_overlapped_mainloop.cuh
+  static constexpr Fp8Promotion kPromotion = kLoop;
   using TileShape = Shape<Int<kM>, Int<kN>, _128>;
   using ClusterShape = Shape<Int<kCm>, Int<kCn>, _1>;
   using TensorSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -89,7 +100,10 @@ template <>
 struct Fp8ConfigTraits<Fp8Config::kCoop128x128_C2x1> : Fp8Cooperative<128, 128, 2, 1> {};
 template <>
 struct Fp8ConfigTraits<Fp8Config::kOverlap128x128_C1x2>
-    : Fp8Cooperative<128, 128, 1, 2, /*kOverlap=*/true> {};
+    : Fp8Cooperative<128, 128, 1, 2, Fp8Promotion::kOverlapped> {};
+template <>
+struct Fp8ConfigTraits<Fp8Config::kSplit128x256_C2x1>
+    : Fp8Cooperative<128, 256, 2, 1, Fp8Promotion::kSplit> {};
 
 // -- Epilogues ------------------------------------------------------------------------------------
 
@@ -165,11 +179,14 @@ struct Sm90Fp8Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  static_assert(!(kBlock && Traits::kOverlappedPromotion),
+  static_assert(!(kBlock && Traits::kPromotion == Fp8Promotion::kOverlapped),
                 "the overlapped promotion is per-tensor only (sm90_fp8_overlapped_mainloop.cuh)");
-  using CollectiveMainloop =
-      cute::conditional_t<Traits::kOverlappedPromotion, Fp8OverlappedPromotion<BuiltMainloop>,
-                          BuiltMainloop>;
+  static_assert(kBlock || Traits::kPromotion != Fp8Promotion::kSplit,
+                "the split promotion is block-scaled only (sm90_fp8_split_mainloop.cuh)");
+  using CollectiveMainloop = cute::conditional_t<
+      Traits::kPromotion == Fp8Promotion::kOverlapped, Fp8OverlappedPromotion<BuiltMainloop>,
+      cute::conditional_t<Traits::kPromotion == Fp8Promotion::kSplit,
+                          Fp8SplitPromotion<BuiltMainloop>, BuiltMainloop>>;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
                                                           CollectiveMainloop, CollectiveEpilogue>;

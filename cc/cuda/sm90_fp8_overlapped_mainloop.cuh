@@ -18,7 +18,7 @@
 // NOTE: three accumulator sets (totals + two partials) cost 3 * M*N/256 registers per
 // consumer thread: 192 for a 128x128 tile, within the cooperative kernel's 232; wider tiles do
 // not fit.  The same loop for block scaling (the scale-and-add overlapped) spilled and ran
-// slower than CUTLASS's blockwise loop, so block scaling keeps CUTLASS's.
+// slower than CUTLASS's blockwise loop; block scaling has sm90_fp8_split_mainloop.cuh.
 #pragma once
 
 #include "cute/tensor.hpp"

@@ -1,0 +1,146 @@
+// A block-scaled fp8 consumer mainloop for 128x256 tiles: each warpgroup promotes its 64 x 256
+// share to fp32 in two 128-column halves, so one partial set of half the width does.
+//
+// With a whole-width partial set a 128x256 tile needs 256 registers per consumer thread
+// (totals and partials, 128 each); a thread gets 232.  Here a K tile's wgmmas go out per half
+// (4 x 64x128x32 each) into one 64-register partial set, which the warpgroup waits for and
+// adds, times sfa * sfb, before it issues the next half: 192 registers.  A half is one
+// 128-column block of B's scales, so its scale is one sfa per row times one sfb.
+//
+//     K tile t    | half 0                  | half 1                  | release stage t
+//     warpgroup w | issue, wait, acc0 += .. | issue, wait, acc1 += .. |
+//
+// While one warpgroup waits and adds, the other's half keeps the tensor cores busy.
+// Promotion is every K tile (128 of K), as the recipe asks.
+// Only the consumer side (mma, mma_tail) and the TiledMma differ from the base collective: the
+// producer, shared storage, parameters, TMA descriptors and scale loads are the base's; the
+// kernel and the epilogue partition the accumulators with this TiledMma, (MMA, 1, 2) per thread.
+#pragma once
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+
+namespace jax_distgemm::cuda {
+
+// Base: CUTLASS's SM90 blockwise fp8 CollectiveMma
+// (MainloopSm90TmaGmmaWarpSpecializedBlockScalingFP8) for the cooperative kernel, 128x256 tile.
+template <class Base>
+struct Fp8SplitPromotion : Base {
+  using typename Base::MainloopPipeline;
+  using typename Base::Params;
+  using typename Base::PipelineState;
+  using typename Base::SmemLayoutA;
+  using typename Base::SmemLayoutB;
+  using typename Base::TensorStorage;
+  using typename Base::TileShape;
+  static_assert(cute::size<0>(TileShape{}) == 128 && cute::size<1>(TileShape{}) == 256,
+                "the split loop runs 128x256 tiles: two warpgroups of 64 rows, two halves");
+  static_assert(Base::ScaleMsPerTile == 128 && Base::ScaleNsPerTile == 2,
+                "block scales: one sfa per row, one sfb per half");
+
+  // One half per atom: 64x128x32 wgmmas, two warpgroups along M.
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<typename Base::ElementA, typename Base::ElementB, float,
+                                 cute::Shape<cute::_128, cute::_128, cute::_128>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
+                          FrgTensorC& accum, int k_tile_count, int thread_idx,
+                          TensorStorage& shared_tensors, Params const& /*params*/) {
+    using namespace cute;
+    static_assert(is_rmem<FrgTensorC>::value, "accumulators must be registers");
+    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    const int warp_group =
+        __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    TiledMma tiled_mma;
+    auto thread_mma = tiled_mma.get_slice(
+        make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{})(warp_group));
+
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
+    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,1,K,PIPE)
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,2,K,PIPE)
+    CUTE_STATIC_ASSERT_V(size<1>(tCrA) == Int<1>{});
+    CUTE_STATIC_ASSERT_V(size<1>(accum) == Int<1>{});
+    CUTE_STATIC_ASSERT_V(size<2>(accum) == Int<2>{});
+    CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
+
+    // Block scales as the accumulators see them: (BLK_M, BLK_N, (BLK_K, PIPE)) views of the
+    // per-stage sfa (one per row) and sfb (one per 128 columns), zero strides where a scale is
+    // shared, partitioned like the accumulators (CUTLASS's blockwise loop builds the same).
+    using LayoutSFA = typename Base::SmemLayoutSFA;  // (M, K, PIPE)
+    using LayoutSFB = typename Base::SmemLayoutSFB;  // (N, K, PIPE)
+    Tensor sSFA = make_tensor(
+        make_smem_ptr(shared_tensors.smem_SFA.data()),
+        make_layout(make_shape(get<0>(shape(LayoutSFA{})), get<1>(TileShape{}),
+                               make_shape(get<1>(shape(LayoutSFA{})), get<2>(shape(LayoutSFA{})))),
+                    make_stride(get<0>(stride(LayoutSFA{})), _0{},
+                                make_stride(get<1>(stride(LayoutSFA{})),
+                                            get<2>(stride(LayoutSFA{}))))));
+    Tensor sSFB = make_tensor(
+        make_smem_ptr(shared_tensors.smem_SFB.data()),
+        make_layout(make_shape(get<0>(TileShape{}), get<0>(shape(LayoutSFB{})),
+                               make_shape(get<1>(shape(LayoutSFB{})), get<2>(shape(LayoutSFB{})))),
+                    make_stride(_0{}, get<0>(stride(LayoutSFB{})),
+                                make_stride(get<1>(stride(LayoutSFB{})),
+                                            get<2>(stride(LayoutSFB{}))))));
+    auto thread_c = tiled_mma.get_slice(thread_idx);
+    Tensor tCsSFA = thread_c.partition_C(sSFA);  // (MMA,1,2,(1,PIPE))
+    Tensor tCsSFB = thread_c.partition_C(sSFB);
+
+    Tensor part = make_fragment_like(accum(_, _, 0));  // (MMA,1): one half
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); ++i) accum(i) = 0.f;
+    warpgroup_fence_operand(accum);
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
+      pipeline.consumer_wait(smem_pipe_read);
+      const int stage = smem_pipe_read.index();
+      CUTLASS_PRAGMA_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        warpgroup_fence_operand(part);
+        warpgroup_arrive();
+        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+          cute::gemm(tiled_mma, tCrA(_, 0, k_block, stage), tCrB(_, half, k_block, stage),
+                     part(_, 0));
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_fence_operand(part);
+
+        // Scales to registers while the wgmmas run; sfb folds into sfa's row values.
+        Tensor sfa = tCsSFA(_, _, half, make_coord(_0{}, stage));  // (MMA,1)
+        Tensor sfb = tCsSFB(_, _, half, make_coord(_0{}, stage));
+        Tensor scale = make_tensor_like<float>(sfa);
+        Tensor scale_b = make_tensor_like<float>(sfb);
+        copy(sfa, scale);
+        copy(sfb, scale_b);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(filter_zeros(scale)); ++i) {
+          filter_zeros(scale)(i) *= scale_b(_0{});
+        }
+
+        warpgroup_wait<0>();
+        if (half == 1) pipeline.consumer_release(smem_pipe_read);
+        warpgroup_fence_operand(part);
+        warpgroup_fence_operand(accum);
+        Tensor acc = accum(_, _, half);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc); ++i) acc(i) += part(i) * scale(i);
+        warpgroup_fence_operand(accum);
+      }
+      ++smem_pipe_read;
+    }
+  }
+
+  // mma() waited for every wgmma and released every stage it read.
+  CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
+};
+
+}  // namespace jax_distgemm::cuda
