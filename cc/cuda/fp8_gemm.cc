@@ -11,7 +11,6 @@ namespace jax_distgemm::cuda {
 void AddFp8Gemms_tensor_e4m3_e4m3_overlap128x128(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_tensor_e5m2_e4m3_overlap128x128(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(std::vector<Fp8GemmEntry>* out);
-void AddFp8Gemms_block_e4m3_e4m3_coop128x128_c2x1(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_split128x256_c2x1(std::vector<Fp8GemmEntry>* out);
 
 namespace {
@@ -25,7 +24,6 @@ const std::vector<Fp8GemmEntry>& Registry() {
     AddFp8Gemms_tensor_e5m2_e4m3_overlap128x128(e);
     AddFp8Gemms_block_e4m3_e4m3_split128x256_c2x1(e);
     AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(e);
-    AddFp8Gemms_block_e4m3_e4m3_coop128x128_c2x1(e);
     return e;
   }();
   return *entries;
@@ -40,7 +38,6 @@ constexpr int64_t kInt32Max = INT32_MAX;
 const char* Fp8ConfigName(Fp8Config c) {
   switch (c) {
     case Fp8Config::kCoop128x128_C1x2: return "Cooperative 128x128x128 cluster 1x2";
-    case Fp8Config::kCoop128x128_C2x1: return "Cooperative 128x128x128 cluster 2x1";
     case Fp8Config::kOverlap128x128_C1x2: return "Overlapped promotion 128x128x128 cluster 1x2";
     case Fp8Config::kSplit128x256_C2x1: return "Split promotion 128x256x128 cluster 2x1";
   }

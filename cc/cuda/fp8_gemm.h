@@ -50,13 +50,12 @@ enum class Fp8Scaling : int32_t { kTensor = 0, kBlock = 1 };
 // "Config").
 enum class Fp8Config : int32_t {
   kCoop128x128_C1x2 = 0,     // block only: CUTLASS's blockwise mainloop, A multicast over N
-  kCoop128x128_C2x1 = 1,     // block only: the same, B multicast over M
-  kOverlap128x128_C1x2 = 2,  // per-tensor only: promotion overlapped with the next K tile's
+  kOverlap128x128_C1x2 = 1,  // per-tensor only: promotion overlapped with the next K tile's
                              // wgmmas (sm90_fp8_overlapped_mainloop.cuh), A multicast over N
-  kSplit128x256_C2x1 = 3,    // block only: 128x256, each warpgroup promotes in two halves
+  kSplit128x256_C2x1 = 2,    // block only: 128x256, each warpgroup promotes in two halves
                              // (sm90_fp8_split_mainloop.cuh), B multicast over M
 };
-inline constexpr int kNumFp8Configs = 4;
+inline constexpr int kNumFp8Configs = 3;
 const char* Fp8ConfigName(Fp8Config c);
 const char* Fp8TypeName(Fp8Type t);
 const char* Fp8ScalingName(Fp8Scaling s);
