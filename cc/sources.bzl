@@ -100,4 +100,5 @@ CUDA_FP8_HDRS = [
     "cuda/sm90_fp8_gemm.cuh",
     "cuda/sm90_fp8_split_mainloop.cuh",
     "cuda/sm90_fp8_overlapped_mainloop.cuh",
+    "cuda/sm90_fp8_warpgroup_operands.cuh",
 ]

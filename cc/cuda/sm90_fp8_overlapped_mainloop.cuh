@@ -21,6 +21,7 @@
 // slower than CUTLASS's blockwise loop; block scaling has sm90_fp8_split_mainloop.cuh.
 #pragma once
 
+#include "cc/cuda/sm90_fp8_warpgroup_operands.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -46,17 +47,11 @@ struct Fp8OverlappedPromotion : Base {
                           TensorStorage& shared_tensors, Params const& /*params*/) {
     using namespace cute;
     static_assert(is_rmem<FrgTensorC>::value, "accumulators must be registers");
-    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-    const int warp_group =
-        __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(
-        make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{})(warp_group));
-
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
-    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,M,K,PIPE)
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,N,K,PIPE)
+    auto operands = WarpGroupOperands<TiledMma, SmemLayoutA, SmemLayoutB>(tiled_mma, thread_idx,
+                                                                          shared_tensors);
+    Tensor tCrA = get<0>(operands);  // (MMA,M,K,PIPE)
+    Tensor tCrB = get<1>(operands);  // (MMA,N,K,PIPE)
     CUTE_STATIC_ASSERT_V(size<1>(tCrA) == size<1>(accum));
     CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
 

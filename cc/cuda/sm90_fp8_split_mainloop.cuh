@@ -17,6 +17,7 @@
 // kernel and the epilogue partition the accumulators with this TiledMma, (MMA, 1, 2) per thread.
 #pragma once
 
+#include "cc/cuda/sm90_fp8_warpgroup_operands.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -52,17 +53,11 @@ struct Fp8SplitPromotion : Base {
                           TensorStorage& shared_tensors, Params const& /*params*/) {
     using namespace cute;
     static_assert(is_rmem<FrgTensorC>::value, "accumulators must be registers");
-    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-    const int warp_group =
-        __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(
-        make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{})(warp_group));
-
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
-    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,1,K,PIPE)
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,2,K,PIPE)
+    auto operands = WarpGroupOperands<TiledMma, SmemLayoutA, SmemLayoutB>(tiled_mma, thread_idx,
+                                                                          shared_tensors);
+    Tensor tCrA = get<0>(operands);  // (MMA,1,K,PIPE)
+    Tensor tCrB = get<1>(operands);  // (MMA,2,K,PIPE)
     CUTE_STATIC_ASSERT_V(size<1>(tCrA) == Int<1>{});
     CUTE_STATIC_ASSERT_V(size<1>(accum) == Int<1>{});
     CUTE_STATIC_ASSERT_V(size<2>(accum) == Int<2>{});
