@@ -71,7 +71,11 @@ struct OutElement<ElemType::kF32> {
 // per K tile.  Clusters of 2 multicast one operand's tile to both CTAs (halving its L2 reads);
 // 2x1 shares B (the weight), 1x2 shares A.  Not taken: the two warpgroups taking turns at the
 // tensor cores, each adding while the other's K tile runs (two sets, so 128x192 fits): slower
-// at most stage shapes, per tensor and per block, as the turn serializes their issue.
+// at most stage shapes, per tensor and per block, as the turn serializes their issue.  Nor
+// wider per-tensor tiles: the overlapped loop at 128x144 (216 registers, wgmma N = 144 from
+// CUTLASS's extended shapes) spills, and on clusters 1x2 and 2x1 ran 8-26% slower than at
+// 128x128 at the stage shapes, but for 2x1 at one (3% faster); CUTLASS's loop at 128x160 and
+// 128x192 ran 12-37% slower.
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
 // scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
