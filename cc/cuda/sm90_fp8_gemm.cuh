@@ -73,9 +73,8 @@ struct OutElement<ElemType::kF32> {
 // tensor cores, each adding while the other's K tile runs (two sets, so 128x192 fits): slower
 // at most stage shapes, per tensor and per block, as the turn serializes their issue.  Nor
 // wider per-tensor tiles: the overlapped loop at 128x144 (216 registers, wgmma N = 144 from
-// CUTLASS's extended shapes) spills, and on clusters 1x2 and 2x1 ran 8-26% slower than at
-// 128x128 at the stage shapes, but for 2x1 at one (3% faster); CUTLASS's loop at 128x160 and
-// 128x192 ran 12-37% slower.
+// CUTLASS's extended shapes) spills and ran slower than at 128x128 at all stage shapes but
+// one; CUTLASS's loop at 128x160 and 128x192 ran slower at all of them.
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
 // scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
