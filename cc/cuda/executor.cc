@@ -103,9 +103,6 @@ std::string LaunchFp8Stage(const GemmLaunch& g, cudaStream_t stream) {
   f.sync = g.sync;
   f.device = g.device;
   f.sm_count = g.sm_count;
-  // Tile order, the faster on an H100 at large stage shapes: swizzled rows share B's panels.
-  f.max_swizzle = f.scaling == Fp8Scaling::kTensor ? 8 : 4;
-  f.raster = f.scaling == Fp8Scaling::kTensor ? 0 : 1;
   f.pdl = g.pdl;
   f.workspace = g.workspace;
   if (Fp8GemmWorkspaceBytes(f) > kCutlassWorkspaceBytes) {

@@ -38,7 +38,7 @@ constexpr int64_t kInt32Max = INT32_MAX;
 const char* Fp8ConfigName(Fp8Config c) {
   switch (c) {
     case Fp8Config::kCoop128x128_C1x2: return "Cooperative 128x128x128 cluster 1x2";
-    case Fp8Config::kOverlap128x128_C1x2: return "Overlapped promotion 128x128x128 cluster 1x2";
+    case Fp8Config::kOverlap128x128_C2x1: return "Overlapped promotion 128x128x128 cluster 2x1";
     case Fp8Config::kSplit128x256_C2x1: return "Split promotion 128x256x128 cluster 2x1";
   }
   return "?";

@@ -50,8 +50,8 @@ enum class Fp8Scaling : int32_t { kTensor = 0, kBlock = 1 };
 // "Config").
 enum class Fp8Config : int32_t {
   kCoop128x128_C1x2 = 0,     // block only: CUTLASS's blockwise mainloop, A multicast over N
-  kOverlap128x128_C1x2 = 1,  // per-tensor only: promotion overlapped with the next K tile's
-                             // wgmmas (sm90_fp8_overlapped_mainloop.cuh), A multicast over N
+  kOverlap128x128_C2x1 = 1,  // per-tensor only: promotion overlapped with the next K tile's
+                             // wgmmas (sm90_fp8_overlapped_mainloop.cuh), B multicast over M
   kSplit128x256_C2x1 = 2,    // block only: 128x256, each warpgroup promotes in two halves
                              // (sm90_fp8_split_mainloop.cuh), B multicast over M
 };
@@ -83,7 +83,7 @@ struct Fp8GemmOperands {
 
 struct Fp8GemmLaunch {
   Fp8Scaling scaling = Fp8Scaling::kTensor;
-  Fp8Config config = Fp8Config::kOverlap128x128_C1x2;  // the first per-tensor config
+  Fp8Config config = Fp8Config::kOverlap128x128_C2x1;  // the first per-tensor config
   Fp8Type a_type = Fp8Type::kE4M3;
   Fp8Type b_type = Fp8Type::kE4M3;
   ElemType d_type = ElemType::kBF16;  // kBF16 or kF32; C, when present, has D's type
@@ -91,8 +91,11 @@ struct Fp8GemmLaunch {
   StageSync sync;
   int device = 0;
   int sm_count = 0;  // persistent grid size; 0: CUTLASS queries the device
-  int max_swizzle = 1;
-  int raster = 0;    // as GemmLaunch::raster: 0 heuristic, 1 along M, 2 along N
+  // Tile order (GemmLaunch's fields).  The defaults are the executor's: bands of 8 clusters
+  // (16 row tiles) walked along N, so that the tiles in flight form a near-square block whose
+  // A rows and B columns are read from L2 more than once.
+  int max_swizzle = 8;
+  int raster = 2;    // 0 heuristic, 1 along M, 2 along N
   bool pdl = true;   // programmatic dependent launch
   void* workspace = nullptr;  // Fp8GemmWorkspaceBytes
 };

@@ -100,8 +100,8 @@ struct Fp8Cooperative {
 template <>
 struct Fp8ConfigTraits<Fp8Config::kCoop128x128_C1x2> : Fp8Cooperative<128, 128, 1, 2> {};
 template <>
-struct Fp8ConfigTraits<Fp8Config::kOverlap128x128_C1x2>
-    : Fp8Cooperative<128, 128, 1, 2, Fp8Promotion::kOverlapped> {};
+struct Fp8ConfigTraits<Fp8Config::kOverlap128x128_C2x1>
+    : Fp8Cooperative<128, 128, 2, 1, Fp8Promotion::kOverlapped> {};
 template <>
 struct Fp8ConfigTraits<Fp8Config::kSplit128x256_C2x1>
     : Fp8Cooperative<128, 256, 2, 1, Fp8Promotion::kSplit> {};

@@ -7,7 +7,7 @@
 //   build/fp8/fp8_gemm_check [--shapes MxKxN,...] [--scaling tensor|block|both]
 //       [--out bf16|f32|both] [--types e4m3|e5m2e4m3|both] [--config N|all] [--repeats R]
 //       [--warmup W] [--check-only] [--batch L] [--pad P] [--sample S] [--pdl 0|1]
-//       [--raster 0|1|2] [--swizzle S] [--seed X] [--jsonl PATH]
+//       [--raster 0|1|2] [--swizzle S] [--seed X] [--jsonl PATH]  (tile order: the executor's)
 //       [--tol-tensor-bf16 X] [--tol-tensor-f32 X] [--tol-block-bf16 X] [--tol-block-f32 X]
 //
 // Inputs are what a quantizer makes: values ~ N(0, 1), scale = amax / fp8_max (448 for e4m3,
@@ -90,7 +90,7 @@ struct Options {
   bool check_only = false;
   int64_t batch = 1, pad = 0, sample = 512;
   bool pdl = false;
-  int raster = 0, swizzle = 1;
+  int raster = jc::Fp8GemmLaunch{}.raster, swizzle = jc::Fp8GemmLaunch{}.max_swizzle;  // executor's
   uint64_t seed = 1234;
   std::string jsonl;
   double tol_tensor_bf16 = 1.25 * 1.7e-3, tol_tensor_f32 = 1e-3;
