@@ -69,12 +69,16 @@ struct OutElement<ElemType::kF32> {
 // leaves its adds to the other warpgroup's wgmmas; per tensor it ran no faster than the
 // overlapped loop.  M stays 128: two warpgroups of 64 rows.  K tile 128: one block-scale block
 // per K tile.  Clusters of 2 multicast one operand's tile to both CTAs (halving its L2 reads);
-// 2x1 shares B (the weight), 1x2 shares A.  Not taken: the two warpgroups taking turns at the
+// 2x1 shares B (the weight), 1x2 shares A; 2x2 ran slower, as fewer 4-CTA clusters fit on the
+// SMs (116 CTAs on a 132-SM H100).  Not taken: the two warpgroups taking turns at the
 // tensor cores, each adding while the other's K tile runs (two sets, so 128x192 fits): slower
 // at most stage shapes, per tensor and per block, as the turn serializes their issue.  Nor
 // wider per-tensor tiles: the overlapped loop at 128x144 (216 registers, wgmma N = 144 from
 // CUTLASS's extended shapes) spills and ran slower than at 128x128 at all stage shapes but
-// one; CUTLASS's loop at 128x160 and 128x192 ran slower at all of them.
+// one; CUTLASS's loop at 128x160 and 128x192 ran slower at all of them.  Nor A in registers
+// (loaded once per warpgroup and K tile, the wgmmas in two column halves with a partial set
+// each, so 128x192 needs 224 registers): slower than the overlapped loop at 128x128, and it
+// spills at 128x192.
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
 // scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
