@@ -92,13 +92,15 @@ CUDA_FP8_SRCS = [
     "cuda/fp8_gemm.cc",
     "cuda/sm90_fp8_gemm_block_e4m3_e4m3_coop128x128_c1x2.cu",
     "cuda/sm90_fp8_gemm_block_e4m3_e4m3_split128x256_c2x1.cu",
-    "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_overlap128x128.cu",
-    "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_overlap128x128.cu",
+    "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_stagger128x192.cu",
+    "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_stagger128x192.cu",
+    "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_stagger128x128.cu",
+    "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_stagger128x128.cu",
 ]
 CUDA_FP8_HDRS = [
     "cuda/fp8_gemm.h",
     "cuda/sm90_fp8_gemm.cuh",
     "cuda/sm90_fp8_split_mainloop.cuh",
-    "cuda/sm90_fp8_overlapped_mainloop.cuh",
+    "cuda/sm90_fp8_staggered_mainloop.cuh",
     "cuda/sm90_fp8_warpgroup_operands.cuh",
 ]

@@ -50,13 +50,16 @@ enum class Fp8Scaling : int32_t { kTensor = 0, kBlock = 1 };
 // "Config").
 enum class Fp8Config : int32_t {
   kCoop128x128_C1x2 = 0,     // block only: CUTLASS's blockwise mainloop, A multicast over N
-  kOverlap128x128_C2x1 = 1,  // per-tensor only: promotion overlapped with the next K tile's
-                             // wgmmas (sm90_fp8_overlapped_mainloop.cuh), B multicast over M
+  kStagger128x192_C2x1 = 1,  // per-tensor only: 128x192, warpgroups half a K tile apart
+                             // (sm90_fp8_staggered_mainloop.cuh), B multicast over M
   kSplit128x256_C2x1 = 2,    // block only: 128x256, each warpgroup promotes in two halves
                              // (sm90_fp8_split_mainloop.cuh), B multicast over M
+  kStagger128x128_C2x1 = 3,  // per-tensor only: as kStagger128x192_C2x1 at 128x128, for
+                             // launches with few tiles (Fp8PickConfig)
 };
-inline constexpr int kNumFp8Configs = 3;
+inline constexpr int kNumFp8Configs = 4;
 const char* Fp8ConfigName(Fp8Config c);
+int Fp8ConfigTileN(Fp8Config c);  // the CTA tile's N (its M is 128 for every config)
 const char* Fp8TypeName(Fp8Type t);
 const char* Fp8ScalingName(Fp8Scaling s);
 
@@ -83,7 +86,7 @@ struct Fp8GemmOperands {
 
 struct Fp8GemmLaunch {
   Fp8Scaling scaling = Fp8Scaling::kTensor;
-  Fp8Config config = Fp8Config::kOverlap128x128_C2x1;  // the first per-tensor config
+  Fp8Config config = Fp8Config::kStagger128x192_C2x1;  // the first per-tensor config
   Fp8Type a_type = Fp8Type::kE4M3;
   Fp8Type b_type = Fp8Type::kE4M3;
   ElemType d_type = ElemType::kBF16;  // kBF16 or kF32; C, when present, has D's type
@@ -91,11 +94,11 @@ struct Fp8GemmLaunch {
   StageSync sync;
   int device = 0;
   int sm_count = 0;  // persistent grid size; 0: CUTLASS queries the device
-  // Tile order (GemmLaunch's fields).  The defaults are the executor's: bands of 8 clusters
-  // (16 row tiles) walked along N, so that the tiles in flight form a near-square block whose
-  // A rows and B columns are read from L2 more than once.
-  int max_swizzle = 8;
-  int raster = 2;    // 0 heuristic, 1 along M, 2 along N
+  // Tile order (GemmLaunch's fields).  The defaults are the executor's: bands of clusters along
+  // M, walked along N, so that the tiles in flight form a compact block whose A rows and B
+  // columns are read from L2 more than once; the band is the config's (sm90_fp8_gemm.cuh).
+  int max_swizzle = 0;  // 0: the config's
+  int raster = 2;       // 0 heuristic, 1 along M, 2 along N
   bool pdl = true;   // programmatic dependent launch
   void* workspace = nullptr;  // Fp8GemmWorkspaceBytes
 };
@@ -124,6 +127,13 @@ const Fp8GemmEntry* FindFp8Gemm(const Fp8GemmLaunch& launch);
 // without, in default preference order.
 int Fp8AvailableConfigs(Fp8Scaling scaling, Fp8Type a_type, Fp8Type b_type, ElemType d_type,
                         bool has_c, Fp8Config* out, int max);
+
+// Of `configs` (Fp8AvailableConfigs' order), the one to run an m x n (x batch) launch on
+// `sm_count` SMs: per tensor, the narrower tile where the wider one would leave more of its
+// last wave idle than its rate gains (a 2048 x 4096 stage: 352 tiles of 128x192 on 132 SMs run
+// 2.7 waves), else the first.
+Fp8Config Fp8PickConfig(const Fp8Config* configs, int count, int64_t m, int64_t n,
+                        int64_t batch, int sm_count);
 
 // Checks shapes, pointers, alignment and scales; "" or an error naming the rule.
 std::string CheckFp8Gemm(const Fp8GemmLaunch& launch);

@@ -1,9 +1,9 @@
 // CUTLASS 3.x SM90 fp8 stage GEMMs (device code), wrapped by StageKernel like the bf16 ones.
 //
 // Per-tensor scaling: CUTLASS's fp8 collective (sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp)
-// with our consumer loop (sm90_fp8_overlapped_mainloop.cuh), which adds each 128-wide K tile's
-// partial sums into fp32 accumulators while the next tile's wgmmas run; the scales sa * sb
-// (device scalars) and alpha fold into the epilogue.
+// with our consumer loop (sm90_fp8_staggered_mainloop.cuh), whose two warpgroups run half a K
+// tile apart, so that one adds its partial sums into the fp32 totals while the other's wgmmas
+// run; the scales sa * sb (device scalars) and alpha fold into the epilogue.
 // Block scaling: CUTLASS's blockwise collective
 // (sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp), at 128x256 with our
 // consumer loop (sm90_fp8_split_mainloop.cuh), at 128x128 with CUTLASS's: per 128-wide K tile,
@@ -22,8 +22,8 @@
 #include <string>
 
 #include "cc/cuda/fp8_gemm.h"
-#include "cc/cuda/sm90_fp8_overlapped_mainloop.cuh"
 #include "cc/cuda/sm90_fp8_split_mainloop.cuh"
+#include "cc/cuda/sm90_fp8_staggered_mainloop.cuh"
 #include "cc/cuda/sm90_gemm.cuh"  // StageKernel, PrepareKernel
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
@@ -61,24 +61,22 @@ struct OutElement<ElemType::kF32> {
 //
 // Why these tiles.  The fp32 promotion keeps the tensor cores' partial sums apart from the fp32
 // totals, so a consumer warpgroup's 64 x N share of the CTA tile costs N/2 registers per thread
-// per accumulator set; a consumer thread gets 232 (setmaxnreg).  CUTLASS's loops hold two
-// whole-width sets and wait for a tile's wgmmas before adding them, so they stop at 128x128
-// (128x256 would need 256).  Per tensor, the overlapped loop holds three (two partial sets in
-// turn) so the add runs under the next tile's wgmmas: 192 registers at N = 128.  Per block,
-// the split loop reaches the bf16 kernels' 128x256 with one half-width partial set (192) and
-// leaves its adds to the other warpgroup's wgmmas; per tensor it ran no faster than the
-// overlapped loop.  M stays 128: two warpgroups of 64 rows.  K tile 128: one block-scale block
-// per K tile.  Clusters of 2 multicast one operand's tile to both CTAs (halving its L2 reads);
-// 2x1 shares B (the weight), 1x2 shares A; 2x2 ran slower, as fewer 4-CTA clusters fit on the
-// SMs (116 CTAs on a 132-SM H100).  Not taken: the two warpgroups taking turns at the
-// tensor cores, each adding while the other's K tile runs (two sets, so 128x192 fits): slower
-// at most stage shapes, per tensor and per block, as the turn serializes their issue.  Nor
-// wider per-tensor tiles: the overlapped loop at 128x144 (216 registers, wgmma N = 144 from
-// CUTLASS's extended shapes) spills and ran slower than at 128x128 at all stage shapes but
-// one; CUTLASS's loop at 128x160 and 128x192 ran slower at all of them.  Nor A in registers
-// (loaded once per warpgroup and K tile, the wgmmas in two column halves with a partial set
-// each, so 128x192 needs 224 registers): slower than the overlapped loop at 128x128, and it
-// spills at 128x192.
+// per accumulator set; a consumer thread gets 232 (setmaxnreg).  Wider tiles read less shared
+// memory and L2 per flop.  Per tensor, the staggered loop holds two whole-width sets and keeps
+// the tensor cores busy through its adds by running the warpgroups half a K tile apart: 128x192
+// in 192 registers, and at 128x128 where 128x192 tiles would leave much of a last wave idle
+// (Fp8PickConfig).  Per block, the split loop reaches the bf16 kernels' 128x256 with one
+// half-width partial set (192) and leaves its adds to the other warpgroup's wgmmas; the
+// stagger would mix two K tiles' block scales in one group.  M stays 128: two warpgroups of 64
+// rows.  K tile 128: one block-scale block per K tile.  Clusters of 2 multicast one operand's
+// tile to both CTAs (halving its L2 reads); 2x1 shares B (the weight), 1x2 shares A; 2x2 ran
+// slower, as fewer 4-CTA clusters fit on the SMs (116 CTAs on a 132-SM H100).  Not taken, per
+// tensor, all slower than the staggered loop at 128x192 at most stage shapes: three sets at
+// 128x128 (two partial sets in turn, each added under the next K tile's wgmmas; at 128x144
+// they spill); CUTLASS's loop (both warpgroups add at once) at 128x128 to 128x192; the
+// warpgroups taking turns at the tensor cores behind a barrier, which serializes their issue;
+// A in registers (loaded once per warpgroup and K tile, the wgmmas in two column halves with a
+// partial set each), slower at 128x128 and spilling at 128x192; the staggered loop at 128x160.
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
 // scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
@@ -87,13 +85,16 @@ struct Fp8ConfigTraits;
 // Whose consumer loop promotes the tensor cores' partial sums into the fp32 totals.
 enum class Fp8Promotion {
   kCutlass,     // CUTLASS's collective
-  kOverlapped,  // per tensor, 128x128: adds under the warpgroup's own next K tile
+  kStaggered,   // per tensor: the warpgroups half a K tile apart, two sets
   kSplit,       // 128x256: each warpgroup's share in two halves, one partial set
 };
 
-template <int kM, int kN, int kCm, int kCn, Fp8Promotion kLoop = Fp8Promotion::kCutlass>
+// kBand: the tile order's band of clusters along M (Fp8GemmLaunch::max_swizzle's default).
+template <int kM, int kN, int kCm, int kCn, Fp8Promotion kLoop = Fp8Promotion::kCutlass,
+          int kBand = 8>
 struct Fp8Cooperative {
   static constexpr Fp8Promotion kPromotion = kLoop;
+  static constexpr int kSwizzle = kBand;
   using TileShape = Shape<Int<kM>, Int<kN>, _128>;
   using ClusterShape = Shape<Int<kCm>, Int<kCn>, _1>;
   using TensorSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -104,8 +105,11 @@ struct Fp8Cooperative {
 template <>
 struct Fp8ConfigTraits<Fp8Config::kCoop128x128_C1x2> : Fp8Cooperative<128, 128, 1, 2> {};
 template <>
-struct Fp8ConfigTraits<Fp8Config::kOverlap128x128_C2x1>
-    : Fp8Cooperative<128, 128, 2, 1, Fp8Promotion::kOverlapped> {};
+struct Fp8ConfigTraits<Fp8Config::kStagger128x192_C2x1>
+    : Fp8Cooperative<128, 192, 2, 1, Fp8Promotion::kStaggered, 4> {};
+template <>
+struct Fp8ConfigTraits<Fp8Config::kStagger128x128_C2x1>
+    : Fp8Cooperative<128, 128, 2, 1, Fp8Promotion::kStaggered, 4> {};
 template <>
 struct Fp8ConfigTraits<Fp8Config::kSplit128x256_C2x1>
     : Fp8Cooperative<128, 256, 2, 1, Fp8Promotion::kSplit> {};
@@ -184,12 +188,12 @@ struct Sm90Fp8Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  static_assert(!(kBlock && Traits::kPromotion == Fp8Promotion::kOverlapped),
-                "the overlapped promotion is per-tensor only (sm90_fp8_overlapped_mainloop.cuh)");
+  static_assert(!(kBlock && Traits::kPromotion == Fp8Promotion::kStaggered),
+                "the staggered promotion is per-tensor only (sm90_fp8_staggered_mainloop.cuh)");
   static_assert(kBlock || Traits::kPromotion != Fp8Promotion::kSplit,
                 "the split promotion is block-scaled only (sm90_fp8_split_mainloop.cuh)");
   using CollectiveMainloop = cute::conditional_t<
-      Traits::kPromotion == Fp8Promotion::kOverlapped, Fp8OverlappedPromotion<BuiltMainloop>,
+      Traits::kPromotion == Fp8Promotion::kStaggered, Fp8StaggeredPromotion<BuiltMainloop>,
       cute::conditional_t<Traits::kPromotion == Fp8Promotion::kSplit,
                           Fp8SplitPromotion<BuiltMainloop>, BuiltMainloop>>;
 
@@ -251,7 +255,7 @@ struct StageFp8Gemm {
       args.epilogue.thread.alpha = o.alpha;
       args.epilogue.thread.beta = beta;
     } else {
-      // The overlapped mainloop promotes every K tile; the base's interval field goes unused.
+      // The staggered mainloop promotes every 128 of K; the base's interval field goes unused.
       args.mainloop = {static_cast<const ElementA*>(o.a), stride_a,
                        static_cast<const ElementB*>(o.b), stride_b};
       // Fp8TensorScaledLinComb's arguments, in its tree order: beta, C, (alpha sa sb, acc, *), +.
@@ -269,7 +273,8 @@ struct StageFp8Gemm {
     args.epilogue.dD = StrideD(make_stride(o.ldd, Int<1>{}, o.batch_stride_d));
     args.hw_info.device_id = g.device;
     args.hw_info.sm_count = g.sm_count;
-    args.scheduler.max_swizzle_size = g.max_swizzle;
+    args.scheduler.max_swizzle_size =
+        g.max_swizzle > 0 ? g.max_swizzle : Gemm::Traits::kSwizzle;
     using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.raster_order = g.raster == 1   ? RasterOrderOptions::AlongM
                                   : g.raster == 2 ? RasterOrderOptions::AlongN

@@ -1,6 +1,6 @@
 // Block-scaled fp8 stage GEMMs: float8_e4m3fn x float8_e4m3fn, Coop128x128_C1x2, CUTLASS's
 // blockwise loop (the second block config, after Split128x256_C2x1).  The bf16 output has a
-// kernel without C too (as sm90_fp8_gemm_tensor_e4m3_e4m3_overlap128x128.cu; here the source's
+// kernel without C too (as sm90_fp8_gemm_tensor_e4m3_e4m3_stagger128x192.cu; here the source's
 // shared memory also costs a mainloop stage: 5 instead of 6).
 #include <vector>
 

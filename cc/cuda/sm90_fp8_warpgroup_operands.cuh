@@ -1,5 +1,5 @@
 // The shared-memory operands one consumer warpgroup issues its wgmmas from, for the fp8
-// promotion loops (sm90_fp8_overlapped_mainloop.cuh, sm90_fp8_split_mainloop.cuh).
+// promotion loops (sm90_fp8_staggered_mainloop.cuh, sm90_fp8_split_mainloop.cuh).
 #pragma once
 
 #include "cute/tensor.hpp"

@@ -1,13 +1,13 @@
-// Per-tensor scaled fp8 stage GEMMs: float8_e5m2 (gradients) x float8_e4m3fn, Overlap128x128_C2x1.
+// Per-tensor scaled fp8 stage GEMMs: float8_e5m2 (gradients) x float8_e4m3fn, Stagger128x192_C2x1.
 #include <vector>
 
 #include "cc/cuda/sm90_fp8_gemm.cuh"
 
 namespace jax_distgemm::cuda {
 
-void AddFp8Gemms_tensor_e5m2_e4m3_overlap128x128(std::vector<Fp8GemmEntry>* out) {
+void AddFp8Gemms_tensor_e5m2_e4m3_stagger128x192(std::vector<Fp8GemmEntry>* out) {
   constexpr Fp8Scaling kScaling = Fp8Scaling::kTensor;
-  constexpr Fp8Config kConfig = Fp8Config::kOverlap128x128_C2x1;
+  constexpr Fp8Config kConfig = Fp8Config::kStagger128x192_C2x1;
   constexpr Fp8Type kA = Fp8Type::kE5M2, kB = Fp8Type::kE4M3;
   out->insert(out->end(), {
       DISTGEMM_FP8_ENTRY(kScaling, kConfig, kA, kB, ElemType::kBF16, true),
