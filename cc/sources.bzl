@@ -94,8 +94,6 @@ CUDA_FP8_SRCS = [
     "cuda/sm90_fp8_gemm_block_e4m3_e4m3_split128x256_c2x1.cu",
     "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_stagger128x192.cu",
     "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_stagger128x192.cu",
-    "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_stagger128x128.cu",
-    "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_stagger128x128.cu",
 ]
 CUDA_FP8_HDRS = [
     "cuda/fp8_gemm.h",

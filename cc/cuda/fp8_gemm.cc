@@ -10,8 +10,6 @@ namespace jax_distgemm::cuda {
 
 void AddFp8Gemms_tensor_e4m3_e4m3_stagger128x192(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_tensor_e5m2_e4m3_stagger128x192(std::vector<Fp8GemmEntry>* out);
-void AddFp8Gemms_tensor_e4m3_e4m3_stagger128x128(std::vector<Fp8GemmEntry>* out);
-void AddFp8Gemms_tensor_e5m2_e4m3_stagger128x128(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_split128x256_c2x1(std::vector<Fp8GemmEntry>* out);
 
@@ -24,8 +22,6 @@ const std::vector<Fp8GemmEntry>& Registry() {
     auto* e = new std::vector<Fp8GemmEntry>();
     AddFp8Gemms_tensor_e4m3_e4m3_stagger128x192(e);
     AddFp8Gemms_tensor_e5m2_e4m3_stagger128x192(e);
-    AddFp8Gemms_tensor_e4m3_e4m3_stagger128x128(e);
-    AddFp8Gemms_tensor_e5m2_e4m3_stagger128x128(e);
     AddFp8Gemms_block_e4m3_e4m3_split128x256_c2x1(e);
     AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(e);
     return e;
@@ -43,44 +39,9 @@ const char* Fp8ConfigName(Fp8Config c) {
   switch (c) {
     case Fp8Config::kCoop128x128_C1x2: return "Cooperative 128x128x128 cluster 1x2";
     case Fp8Config::kStagger128x192_C2x1: return "Staggered promotion 128x192x128 cluster 2x1";
-    case Fp8Config::kStagger128x128_C2x1: return "Staggered promotion 128x128x128 cluster 2x1";
     case Fp8Config::kSplit128x256_C2x1: return "Split promotion 128x256x128 cluster 2x1";
   }
   return "?";
-}
-
-int Fp8ConfigTileN(Fp8Config c) {
-  switch (c) {
-    case Fp8Config::kCoop128x128_C1x2: return 128;
-    case Fp8Config::kStagger128x192_C2x1: return 192;
-    case Fp8Config::kStagger128x128_C2x1: return 128;
-    case Fp8Config::kSplit128x256_C2x1: return 256;
-  }
-  return 128;
-}
-
-Fp8Config Fp8PickConfig(const Fp8Config* configs, int count, int64_t m, int64_t n,
-                        int64_t batch, int sm_count) {
-  // The staggered loop's rate per flop at 128x192 over 128x128, on an H100
-  // (docs/benchmarks.md): the wider tile reads less shared memory and L2 per flop.
-  constexpr double kWideRate = 1.1;
-  const int ctas = sm_count / 2 * 2;  // whole 2-CTA clusters
-  const auto staggered = [](Fp8Config c) {
-    return c == Fp8Config::kStagger128x192_C2x1 || c == Fp8Config::kStagger128x128_C2x1;
-  };
-  if (count < 1) return Fp8Config::kStagger128x192_C2x1;
-  if (ctas < 2 || !staggered(configs[0])) return configs[0];
-  Fp8Config best = configs[0];
-  double best_cost = 0;
-  for (int i = 0; i < count; ++i) {
-    if (!staggered(configs[i])) continue;
-    const int tile_n = Fp8ConfigTileN(configs[i]);
-    const int64_t tiles = (m + 127) / 128 * ((n + tile_n - 1) / tile_n) * batch;
-    const int64_t waves = (tiles + ctas - 1) / ctas;
-    const double cost = static_cast<double>(waves) * tile_n / (tile_n == 192 ? kWideRate : 1.0);
-    if (i == 0 || cost < best_cost) best = configs[i], best_cost = cost;
-  }
-  return best;
 }
 
 const char* Fp8TypeName(Fp8Type t) {

@@ -64,8 +64,7 @@ struct OutElement<ElemType::kF32> {
 // per accumulator set; a consumer thread gets 232 (setmaxnreg).  Wider tiles read less shared
 // memory and L2 per flop.  Per tensor, the staggered loop holds two whole-width sets and keeps
 // the tensor cores busy through its adds by running the warpgroups half a K tile apart: 128x192
-// in 192 registers, and at 128x128 where 128x192 tiles would leave much of a last wave idle
-// (Fp8PickConfig).  Per block, the split loop reaches the bf16 kernels' 128x256 with one
+// in 192 registers.  Per block, the split loop reaches the bf16 kernels' 128x256 with one
 // half-width partial set (192) and leaves its adds to the other warpgroup's wgmmas; the
 // stagger would mix two K tiles' block scales in one group.  M stays 128: two warpgroups of 64
 // rows.  K tile 128: one block-scale block per K tile.  Clusters of 2 multicast one operand's
@@ -76,7 +75,8 @@ struct OutElement<ElemType::kF32> {
 // they spill); CUTLASS's loop (both warpgroups add at once) at 128x128 to 128x192; the
 // warpgroups taking turns at the tensor cores behind a barrier, which serializes their issue;
 // A in registers (loaded once per warpgroup and K tile, the wgmmas in two column halves with a
-// partial set each), slower at 128x128 and spilling at 128x192; the staggered loop at 128x160.
+// partial set each), slower at 128x128 and spilling at 128x192; the staggered loop at 128x160
+// and at 128x128 (also at the stage shape with the fewest tiles).
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
 // scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
@@ -107,9 +107,6 @@ struct Fp8ConfigTraits<Fp8Config::kCoop128x128_C1x2> : Fp8Cooperative<128, 128, 
 template <>
 struct Fp8ConfigTraits<Fp8Config::kStagger128x192_C2x1>
     : Fp8Cooperative<128, 192, 2, 1, Fp8Promotion::kStaggered, 4> {};
-template <>
-struct Fp8ConfigTraits<Fp8Config::kStagger128x128_C2x1>
-    : Fp8Cooperative<128, 128, 2, 1, Fp8Promotion::kStaggered, 4> {};
 template <>
 struct Fp8ConfigTraits<Fp8Config::kSplit128x256_C2x1>
     : Fp8Cooperative<128, 256, 2, 1, Fp8Promotion::kSplit> {};
