@@ -15,8 +15,10 @@
 // warpgroups released it (the pipeline counts both), so warpgroup 1 holds each stage half a
 // K tile longer.  No barrier keeps the offset: a warpgroup whose adds stall only delays its
 // own next group, which lets the other run ahead.
-// Two sets of N/2 registers per consumer thread fit N = 192 (192 of 232).  Per-tensor only:
-// warpgroup 1's groups mix two K tiles, which block scales would have to tell apart.
+// Assumes k_tile_count >= 1 (CheckFp8Gemm: K > 0): warpgroup 1 issues two groups even for one
+// K tile.  Two sets of N/2 registers per consumer thread fit N = 192 (192 of 232).
+// Per-tensor only: warpgroup 1's groups mix two K tiles, which block scales would have to tell
+// apart.
 // Only the consumer side (mma, mma_tail) differs from the base collective: the producer,
 // shared storage, parameters and TMA descriptors are the base's.
 #pragma once
