@@ -92,7 +92,9 @@ CUDA_FP8_SRCS = [
     "cuda/fp8_gemm.cc",
     "cuda/sm90_fp8_gemm_block_e4m3_e4m3_coop128x128_c1x2.cu",
     "cuda/sm90_fp8_gemm_block_e4m3_e4m3_split128x256_c2x1.cu",
+    "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_split128x256.cu",
     "cuda/sm90_fp8_gemm_tensor_e4m3_e4m3_stagger128x192.cu",
+    "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_split128x256.cu",
     "cuda/sm90_fp8_gemm_tensor_e5m2_e4m3_stagger128x192.cu",
 ]
 CUDA_FP8_HDRS = [

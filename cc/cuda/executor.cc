@@ -67,7 +67,7 @@ namespace {
 
 Fp8Type ToFp8Type(ElemType t) { return t == ElemType::kF8E5M2 ? Fp8Type::kE5M2 : Fp8Type::kE4M3; }
 
-// An fp8 stage: the launch as fp8_gemm.h's, with the first compiled config (no tuning).
+// An fp8 stage: the launch as fp8_gemm.h's, on the config Fp8PickConfig picks (no tuning).
 std::string LaunchFp8Stage(const GemmLaunch& g, cudaStream_t stream) {
   Fp8GemmLaunch f;
   f.scaling = g.fp8.scaling == Scaling::kBlock ? Fp8Scaling::kBlock : Fp8Scaling::kTensor;
@@ -75,12 +75,14 @@ std::string LaunchFp8Stage(const GemmLaunch& g, cudaStream_t stream) {
   f.b_type = ToFp8Type(g.fp8.b_type);
   f.d_type = g.d_type;
   Fp8Config configs[kNumFp8Configs];
-  if (Fp8AvailableConfigs(f.scaling, f.a_type, f.b_type, f.d_type, g.ops.c != nullptr, configs,
-                          kNumFp8Configs) == 0) {
+  const int count = Fp8AvailableConfigs(f.scaling, f.a_type, f.b_type, f.d_type,
+                                        g.ops.c != nullptr, configs, kNumFp8Configs);
+  if (count == 0) {
     return std::string("no ") + Fp8ScalingName(f.scaling) + " fp8 stage GEMM is compiled for " +
            ElemName(g.ab_type) + " x " + ElemName(g.fp8.b_type) + " -> " + ElemName(g.d_type);
   }
-  f.config = configs[0];
+  f.config = Fp8PickConfig(f.scaling, configs, count, g.ops.m, g.ops.n, g.ops.batch,
+                           g.sm_count);
   const GemmOperands& o = g.ops;
   Fp8GemmOperands& q = f.ops;
   q.m = o.m, q.n = o.n, q.k = o.k, q.batch = o.batch;

@@ -10,6 +10,8 @@ namespace jax_distgemm::cuda {
 
 void AddFp8Gemms_tensor_e4m3_e4m3_stagger128x192(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_tensor_e5m2_e4m3_stagger128x192(std::vector<Fp8GemmEntry>* out);
+void AddFp8Gemms_tensor_e4m3_e4m3_split128x256(std::vector<Fp8GemmEntry>* out);
+void AddFp8Gemms_tensor_e5m2_e4m3_split128x256(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(std::vector<Fp8GemmEntry>* out);
 void AddFp8Gemms_block_e4m3_e4m3_split128x256_c2x1(std::vector<Fp8GemmEntry>* out);
 
@@ -22,6 +24,8 @@ const std::vector<Fp8GemmEntry>& Registry() {
     auto* e = new std::vector<Fp8GemmEntry>();
     AddFp8Gemms_tensor_e4m3_e4m3_stagger128x192(e);
     AddFp8Gemms_tensor_e5m2_e4m3_stagger128x192(e);
+    AddFp8Gemms_tensor_e4m3_e4m3_split128x256(e);
+    AddFp8Gemms_tensor_e5m2_e4m3_split128x256(e);
     AddFp8Gemms_block_e4m3_e4m3_split128x256_c2x1(e);
     AddFp8Gemms_block_e4m3_e4m3_coop128x128_c1x2(e);
     return e;
@@ -42,6 +46,36 @@ const char* Fp8ConfigName(Fp8Config c) {
     case Fp8Config::kSplit128x256_C2x1: return "Split promotion 128x256x128 cluster 2x1";
   }
   return "?";
+}
+
+int Fp8ConfigTileN(Fp8Config c) {
+  switch (c) {
+    case Fp8Config::kCoop128x128_C1x2: return 128;
+    case Fp8Config::kStagger128x192_C2x1: return 192;
+    case Fp8Config::kSplit128x256_C2x1: return 256;
+  }
+  return 128;
+}
+
+Fp8Config Fp8PickConfig(Fp8Scaling scaling, const Fp8Config* configs, int count, int64_t m,
+                        int64_t n, int64_t batch, int sm_count) {
+  // The staggered loop's rate per flop at 128x192 over the split loop's at 128x256, per
+  // tensor on an H100 (docs/benchmarks.md): the split loop's warpgroups wait for their adds.
+  constexpr double kStaggerRate = 1.07;
+  if (count < 1) return Fp8Config::kStagger128x192_C2x1;
+  const int clusters = sm_count / 2;  // every config runs 2-CTA clusters of 128-row tiles
+  if (scaling != Fp8Scaling::kTensor || clusters < 1) return configs[0];
+  Fp8Config best = configs[0];
+  double best_cost = 0;
+  for (int i = 0; i < count; ++i) {
+    const int tile_n = Fp8ConfigTileN(configs[i]);
+    const int64_t cluster_tiles = (m + 255) / 256 * ((n + tile_n - 1) / tile_n) * batch;
+    const int64_t waves = (cluster_tiles + clusters - 1) / clusters;
+    const double rate = configs[i] == Fp8Config::kStagger128x192_C2x1 ? kStaggerRate : 1.0;
+    const double cost = static_cast<double>(waves) * tile_n / rate;
+    if (i == 0 || cost < best_cost) best = configs[i], best_cost = cost;
+  }
+  return best;
 }
 
 const char* Fp8TypeName(Fp8Type t) {

@@ -52,11 +52,13 @@ enum class Fp8Config : int32_t {
   kCoop128x128_C1x2 = 0,     // block only: CUTLASS's blockwise mainloop, A multicast over N
   kStagger128x192_C2x1 = 1,  // per-tensor only: 128x192, warpgroups half a K tile apart
                              // (sm90_fp8_staggered_mainloop.cuh), B multicast over M
-  kSplit128x256_C2x1 = 2,    // block only: 128x256, each warpgroup promotes in two halves
-                             // (sm90_fp8_split_mainloop.cuh), B multicast over M
+  kSplit128x256_C2x1 = 2,    // 128x256, each warpgroup promotes in two halves
+                             // (sm90_fp8_split_mainloop.cuh), B multicast over M; per tensor
+                             // for launches with few tiles (Fp8PickConfig)
 };
 inline constexpr int kNumFp8Configs = 3;
 const char* Fp8ConfigName(Fp8Config c);
+int Fp8ConfigTileN(Fp8Config c);  // the CTA tile's N (its M is 128 for every config)
 const char* Fp8TypeName(Fp8Type t);
 const char* Fp8ScalingName(Fp8Scaling s);
 
@@ -124,6 +126,13 @@ const Fp8GemmEntry* FindFp8Gemm(const Fp8GemmLaunch& launch);
 // without, in default preference order.
 int Fp8AvailableConfigs(Fp8Scaling scaling, Fp8Type a_type, Fp8Type b_type, ElemType d_type,
                         bool has_c, Fp8Config* out, int max);
+
+// Of `configs` (Fp8AvailableConfigs' order for `scaling`), the one to run an m x n (x batch)
+// launch on `sm_count` SMs: per tensor, 128x256 tiles where 128x192 ones would leave more of
+// their last wave idle than their rate gains (a 2048 x 4096 stage: 176 clusters of 128x192
+// tiles on 66 run 2.7 waves, of 128x256 1.9), else the first.
+Fp8Config Fp8PickConfig(Fp8Scaling scaling, const Fp8Config* configs, int count, int64_t m,
+                        int64_t n, int64_t batch, int sm_count);
 
 // Checks shapes, pointers, alignment and scales; "" or an error naming the rule.
 std::string CheckFp8Gemm(const Fp8GemmLaunch& launch);

@@ -3,7 +3,8 @@
 // Per-tensor scaling: CUTLASS's fp8 collective (sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp)
 // with our consumer loop (sm90_fp8_staggered_mainloop.cuh), whose two warpgroups run half a K
 // tile apart, so that one adds its partial sums into the fp32 totals while the other's wgmmas
-// run; the scales sa * sb (device scalars) and alpha fold into the epilogue.
+// run, or for launches with few tiles the split loop below without scales; the scales
+// sa * sb (device scalars) and alpha fold into the epilogue.
 // Block scaling: CUTLASS's blockwise collective
 // (sm90_mma_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp), at 128x256 with our
 // consumer loop (sm90_fp8_split_mainloop.cuh), at 128x128 with CUTLASS's: per 128-wide K tile,
@@ -66,7 +67,8 @@ struct OutElement<ElemType::kF32> {
 // the tensor cores busy through its adds by running the warpgroups half a K tile apart: 128x192
 // in 192 registers.  Per block, the split loop reaches the bf16 kernels' 128x256 with one
 // half-width partial set (192) and leaves its adds to the other warpgroup's wgmmas; the
-// stagger would mix two K tiles' block scales in one group.  M stays 128: two warpgroups of 64
+// stagger would mix two K tiles' block scales in one group.  Per tensor the split loop runs
+// where 128x192 tiles leave much of a last wave idle (Fp8PickConfig); elsewhere it is slower.  M stays 128: two warpgroups of 64
 // rows.  K tile 128: one block-scale block per K tile.  Clusters of 2 multicast one operand's
 // tile to both CTAs (halving its L2 reads); 2x1 shares B (the weight), 1x2 shares A; 2x2 ran
 // slower, as fewer 4-CTA clusters fit on the SMs (116 CTAs on a 132-SM H100).  Not taken, per
@@ -78,7 +80,8 @@ struct OutElement<ElemType::kF32> {
 // partial set each), slower at 128x128 and spilling at 128x192; the staggered loop at 128x160
 // and at 128x128 (also at the stage shape with the fewest tiles).
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
-// scheduler's work tile), not in the K loop.
+// scheduler's work tile), not in the K loop; the per-tensor split kernels with fp32 output
+// spill a few bytes too.
 template <Fp8Config kConfig>
 struct Fp8ConfigTraits;
 
@@ -187,12 +190,10 @@ struct Sm90Fp8Gemm {
       MainloopSchedule>::CollectiveOp;
   static_assert(!(kBlock && Traits::kPromotion == Fp8Promotion::kStaggered),
                 "the staggered promotion is per-tensor only (sm90_fp8_staggered_mainloop.cuh)");
-  static_assert(kBlock || Traits::kPromotion != Fp8Promotion::kSplit,
-                "the split promotion is block-scaled only (sm90_fp8_split_mainloop.cuh)");
   using CollectiveMainloop = cute::conditional_t<
       Traits::kPromotion == Fp8Promotion::kStaggered, Fp8StaggeredPromotion<BuiltMainloop>,
       cute::conditional_t<Traits::kPromotion == Fp8Promotion::kSplit,
-                          Fp8SplitPromotion<BuiltMainloop>, BuiltMainloop>>;
+                          Fp8SplitPromotion<BuiltMainloop, kBlock>, BuiltMainloop>>;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
                                                           CollectiveMainloop, CollectiveEpilogue>;

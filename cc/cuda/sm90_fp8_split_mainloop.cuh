@@ -1,11 +1,12 @@
-// A block-scaled fp8 consumer mainloop for 128x256 tiles: each warpgroup promotes its 64 x 256
-// share to fp32 in two 128-column halves, so one partial set of half the width does.
+// An fp8 consumer mainloop for 128x256 tiles: each warpgroup promotes its 64 x 256 share to
+// fp32 in two 128-column halves, so one partial set of half the width does.
 //
 // With a whole-width partial set a 128x256 tile needs 256 registers per consumer thread
 // (totals and partials, 128 each); a thread gets 232.  Here a K tile's wgmmas go out per half
 // (4 x 64x128x32 each) into one 64-register partial set, which the warpgroup waits for and
-// adds, times sfa * sfb, before it issues the next half: 192 registers.  A half is one
-// 128-column block of B's scales, so its scale is one sfa per row times one sfb.
+// adds before it issues the next half: 192 registers.  Block-scaled, a half is one 128-column
+// block of B's scales, so the add is times one sfa per row and one sfb; per tensor it is a
+// plain add and the scales wait for the epilogue.
 //
 //     K tile t    | half 0                  | half 1                  | release stage t
 //     warpgroup w | issue, wait, acc0 += .. | issue, wait, acc1 += .. |
@@ -24,9 +25,10 @@
 
 namespace jax_distgemm::cuda {
 
-// Base: CUTLASS's SM90 blockwise fp8 CollectiveMma
-// (MainloopSm90TmaGmmaWarpSpecializedBlockScalingFP8) for the cooperative kernel, 128x256 tile.
-template <class Base>
+// Base: CUTLASS's SM90 fp8 CollectiveMma for the cooperative kernel at a 128x256 tile, the
+// blockwise one (MainloopSm90TmaGmmaWarpSpecializedBlockScalingFP8) when kBlockScaled, else the
+// per-tensor one (MainloopSm90TmaGmmaWarpSpecializedFP8).
+template <class Base, bool kBlockScaled>
 struct Fp8SplitPromotion : Base {
   using typename Base::MainloopPipeline;
   using typename Base::Params;
@@ -37,8 +39,6 @@ struct Fp8SplitPromotion : Base {
   using typename Base::TileShape;
   static_assert(cute::size<0>(TileShape{}) == 128 && cute::size<1>(TileShape{}) == 256,
                 "the split loop runs 128x256 tiles: two warpgroups of 64 rows, two halves");
-  static_assert(Base::ScaleMsPerTile == 128 && Base::ScaleNsPerTile == 2,
-                "block scales: one sfa per row, one sfb per half");
 
   // One half per atom: 64x128x32 wgmmas, two warpgroups along M.
   using TiledMma = decltype(cute::make_tiled_mma(
@@ -47,25 +47,14 @@ struct Fp8SplitPromotion : Base {
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>(),
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
 
-  template <class FrgTensorC>
-  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
-                          FrgTensorC& accum, int k_tile_count, int thread_idx,
-                          TensorStorage& shared_tensors, Params const& /*params*/) {
+  // Block scales as the accumulators see them: (BLK_M, BLK_N, (BLK_K, PIPE)) views of the
+  // per-stage sfa (one per row) and sfb (one per 128 columns), zero strides where a scale is
+  // shared, partitioned like the accumulators (CUTLASS's blockwise loop builds the same).
+  CUTLASS_DEVICE static auto ScaleViews(TiledMma const& tiled_mma, int thread_idx,
+                                        TensorStorage& shared_tensors) {
     using namespace cute;
-    static_assert(is_rmem<FrgTensorC>::value, "accumulators must be registers");
-    TiledMma tiled_mma;
-    auto operands = WarpGroupOperands<TiledMma, SmemLayoutA, SmemLayoutB>(tiled_mma, thread_idx,
-                                                                          shared_tensors);
-    Tensor tCrA = get<0>(operands);  // (MMA,1,K,PIPE)
-    Tensor tCrB = get<1>(operands);  // (MMA,2,K,PIPE)
-    CUTE_STATIC_ASSERT_V(size<1>(tCrA) == Int<1>{});
-    CUTE_STATIC_ASSERT_V(size<1>(accum) == Int<1>{});
-    CUTE_STATIC_ASSERT_V(size<2>(accum) == Int<2>{});
-    CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
-
-    // Block scales as the accumulators see them: (BLK_M, BLK_N, (BLK_K, PIPE)) views of the
-    // per-stage sfa (one per row) and sfb (one per 128 columns), zero strides where a scale is
-    // shared, partitioned like the accumulators (CUTLASS's blockwise loop builds the same).
+    static_assert(Base::ScaleMsPerTile == 128 && Base::ScaleNsPerTile == 2,
+                  "block scales: one sfa per row, one sfb per half");
     using LayoutSFA = typename Base::SmemLayoutSFA;  // (M, K, PIPE)
     using LayoutSFB = typename Base::SmemLayoutSFB;  // (N, K, PIPE)
     Tensor sSFA = make_tensor(
@@ -83,13 +72,44 @@ struct Fp8SplitPromotion : Base {
                                 make_stride(get<1>(stride(LayoutSFB{})),
                                             get<2>(stride(LayoutSFB{}))))));
     auto thread_c = tiled_mma.get_slice(thread_idx);
-    Tensor tCsSFA = thread_c.partition_C(sSFA);  // (MMA,1,2,(1,PIPE))
-    Tensor tCsSFB = thread_c.partition_C(sSFB);
+    // (MMA,1,2,(1,PIPE)) each
+    return make_tuple(thread_c.partition_C(sSFA), thread_c.partition_C(sSFB));
+  }
 
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
+                          FrgTensorC& accum, int k_tile_count, int thread_idx,
+                          TensorStorage& shared_tensors, Params const& /*params*/) {
+    using namespace cute;
+    static_assert(is_rmem<FrgTensorC>::value, "accumulators must be registers");
+    TiledMma tiled_mma;
+    auto operands = WarpGroupOperands<TiledMma, SmemLayoutA, SmemLayoutB>(tiled_mma, thread_idx,
+                                                                          shared_tensors);
+    Tensor tCrA = get<0>(operands);  // (MMA,1,K,PIPE)
+    Tensor tCrB = get<1>(operands);  // (MMA,2,K,PIPE)
+    CUTE_STATIC_ASSERT_V(size<1>(tCrA) == Int<1>{});
+    CUTE_STATIC_ASSERT_V(size<1>(accum) == Int<1>{});
+    CUTE_STATIC_ASSERT_V(size<2>(accum) == Int<2>{});
+    CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
+
+    auto scale_views = [&] {
+      if constexpr (kBlockScaled) {
+        return ScaleViews(tiled_mma, thread_idx, shared_tensors);
+      } else {
+        return 0;  // per tensor: none
+      }
+    }();
     Tensor part = make_fragment_like(accum(_, _, 0));  // (MMA,1): one half
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accum); ++i) accum(i) = 0.f;
     warpgroup_fence_operand(accum);
+
+    auto wait_and_release = [&](int half) {
+      warpgroup_wait<0>();
+      if (half == 1) pipeline.consumer_release(smem_pipe_read);
+      warpgroup_fence_operand(part);
+      warpgroup_fence_operand(accum);
+    };
 
     CUTLASS_PRAGMA_NO_UNROLL
     for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
@@ -109,25 +129,27 @@ struct Fp8SplitPromotion : Base {
         warpgroup_commit_batch();
         warpgroup_fence_operand(part);
 
-        // Scales to registers while the wgmmas run; sfb folds into sfa's row values.
-        Tensor sfa = tCsSFA(_, _, half, make_coord(_0{}, stage));  // (MMA,1)
-        Tensor sfb = tCsSFB(_, _, half, make_coord(_0{}, stage));
-        Tensor scale = make_tensor_like<float>(sfa);
-        Tensor scale_b = make_tensor_like<float>(sfb);
-        copy(sfa, scale);
-        copy(sfb, scale_b);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(filter_zeros(scale)); ++i) {
-          filter_zeros(scale)(i) *= scale_b(_0{});
-        }
-
-        warpgroup_wait<0>();
-        if (half == 1) pipeline.consumer_release(smem_pipe_read);
-        warpgroup_fence_operand(part);
-        warpgroup_fence_operand(accum);
         Tensor acc = accum(_, _, half);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(acc); ++i) acc(i) += part(i) * scale(i);
+        if constexpr (kBlockScaled) {
+          // Scales to registers while the wgmmas run; sfb folds into sfa's row values.
+          Tensor sfa = get<0>(scale_views)(_, _, half, make_coord(_0{}, stage));  // (MMA,1)
+          Tensor sfb = get<1>(scale_views)(_, _, half, make_coord(_0{}, stage));
+          Tensor scale = make_tensor_like<float>(sfa);
+          Tensor scale_b = make_tensor_like<float>(sfb);
+          copy(sfa, scale);
+          copy(sfb, scale_b);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(filter_zeros(scale)); ++i) {
+            filter_zeros(scale)(i) *= scale_b(_0{});
+          }
+          wait_and_release(half);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(acc); ++i) acc(i) += part(i) * scale(i);
+        } else {
+          wait_and_release(half);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(acc); ++i) acc(i) += part(i);
+        }
         warpgroup_fence_operand(accum);
       }
       ++smem_pipe_read;

@@ -895,6 +895,13 @@ int main(int argc, char** argv) {
         const bool block = tp.scaling == Fp8Scaling::kBlock;
         const double tol = block ? (elem == 2 ? opt.tol_block_bf16 : opt.tol_block_f32)
                                  : (elem == 2 ? opt.tol_tensor_bf16 : opt.tol_tensor_f32);
+        // The config the executor would run this case on (a launch without C).
+        jc::Fp8Config available[jc::kNumFp8Configs];
+        const int n_available = jc::Fp8AvailableConfigs(tp.scaling, tp.a, tp.b, d_type, false,
+                                                        available, jc::kNumFp8Configs);
+        const jc::Fp8Config picked =
+            jc::Fp8PickConfig(tp.scaling, available, n_available, c.m, c.n, c.batch,
+                             sm_count);
         for (int ei = 0; ei < n_entries; ++ei) {
           const jc::Fp8GemmEntry& e = entries[ei];
           if (e.scaling != tp.scaling || e.a_type != tp.a || e.b_type != tp.b ||
@@ -1051,14 +1058,15 @@ int main(int argc, char** argv) {
                          "\"k\": %lld, \"n\": %lld, \"batch\": %lld, \"config\": %d, "
                          "\"config_name\": \"%s\", \"has_c\": %s, \"err\": %.6e, \"err_c\": %s, "
                          "\"tol\": %.6e, \"ok\": %s, \"ms\": %.6f, \"tflops\": %.3f, "
-                         "\"pdl\": %s, \"sync_ok\": %s}\n",
+                         "\"pdl\": %s, \"sync_ok\": %s, \"picked\": %s}\n",
                          block ? "block" : "tensor", TypesLabel(tp.a, tp.b),
                          elem == 2 ? "bf16" : "f32", static_cast<long long>(c.m),
                          static_cast<long long>(c.k), static_cast<long long>(c.n),
                          static_cast<long long>(c.batch), static_cast<int>(e.config),
                          jc::Fp8ConfigName(e.config), e.has_c ? "true" : "false", e0.rel,
                          has_e1 ? err_c : "null", tol, pass ? "true" : "false", median_ms,
-                         tflops, opt.pdl ? "true" : "false", sync_err.empty() ? "true" : "false");
+                         tflops, opt.pdl ? "true" : "false", sync_err.empty() ? "true" : "false",
+                         e.config == picked ? "true" : "false");
             std::fflush(jsonl);
           }
         }
