@@ -360,6 +360,10 @@ def summary(args):
     rows = [r for r in rows if r.get("tflops")]
     return max(rows, key=lambda r: r["tflops"]) if rows else None
 
+  def launched(rows):
+    """Of our rows, the executor's pick for the shape where the check program marks it."""
+    return best([r for r in rows if r.get("picked")]) or best(rows)
+
   def pick(rows, **kw):
     return [r for r in rows if all(r.get(key) == v for key, v in kw.items())]
 
@@ -371,13 +375,15 @@ def summary(args):
 
   shapes = sorted({(r["m"], r["k"], r["n"]) for r in ours + base if "m" in r},
                   key=lambda s: (s[0] * s[1] * s[2], s))
-  say("TFLOP/s (ours: the best compiled kernel, launched without C; batch 1)")
+  say("TFLOP/s (ours: the kernel the executor picks, launched without C; batch 1)")
   say(f"{'M x K x N':>20} | {'ours/t':>7} {'cuBLAS':>7} {'ratio':>6} {'fast':>7} {'jax':>7} "
       f"{'jaxsc':>7} | {'ours/b':>7} {'b/t':>5} {'bf16':>7} {'b/bf16':>6} {'cuBLASb':>7}")
   for (m, k, n) in shapes:
     shape = dict(m=m, k=k, n=n)
-    o_t = best(pick(ours, scaling="tensor", types="e4m3xe4m3", out="bf16", batch=1, **shape))
-    o_b = best(pick(ours, scaling="block", types="e4m3xe4m3", out="bf16", batch=1, **shape))
+    o_t = launched(pick(ours, scaling="tensor", types="e4m3xe4m3", out="bf16", batch=1,
+                        has_c=False, **shape))
+    o_b = launched(pick(ours, scaling="block", types="e4m3xe4m3", out="bf16", batch=1,
+                        has_c=False, **shape))
     cub = best(pick(base, impl="torch_scaled_mm", scaling="tensor", types="e4m3xe4m3",
                     accum="fp32", out="bf16", **shape))
     fast = best(pick(base, impl="torch_scaled_mm", scaling="tensor", types="e4m3xe4m3",
