@@ -48,22 +48,13 @@ const char* Fp8ConfigName(Fp8Config c) {
   return "?";
 }
 
-int Fp8ConfigTileN(Fp8Config c) {
-  switch (c) {
-    case Fp8Config::kCoop128x128_C1x2: return 128;
-    case Fp8Config::kStagger128x192_C2x1: return 192;
-    case Fp8Config::kSplit128x256_C2x1: return 256;
-  }
-  return 128;
-}
-
 Fp8Config Fp8PickConfig(Fp8Scaling scaling, const Fp8Config* configs, int count, int64_t m,
                         int64_t n, int64_t batch, int sm_count) {
   // The staggered loop's rate per flop at 128x192 over the split loop's at 128x256, per
   // tensor on an H100 (docs/benchmarks.md): the split loop's warpgroups wait for their adds.
   constexpr double kStaggerRate = 1.07;
   if (count < 1) return Fp8Config::kStagger128x192_C2x1;
-  const int clusters = sm_count / 2;  // every config runs 2-CTA clusters of 128-row tiles
+  const int clusters = sm_count / 2;  // per tensor, 2x1 clusters of 128-row tiles (asserted)
   if (scaling != Fp8Scaling::kTensor || clusters < 1) return configs[0];
   Fp8Config best = configs[0];
   double best_cost = 0;

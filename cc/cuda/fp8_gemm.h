@@ -58,7 +58,12 @@ enum class Fp8Config : int32_t {
 };
 inline constexpr int kNumFp8Configs = 3;
 const char* Fp8ConfigName(Fp8Config c);
-int Fp8ConfigTileN(Fp8Config c);  // the CTA tile's N (its M is 128 for every config)
+// The CTA tile's N (its M is 128 for every config); sm90_fp8_gemm.cuh asserts it per config.
+constexpr int Fp8ConfigTileN(Fp8Config c) {
+  return c == Fp8Config::kStagger128x192_C2x1 ? 192
+         : c == Fp8Config::kSplit128x256_C2x1 ? 256
+                                              : 128;
+}
 const char* Fp8TypeName(Fp8Type t);
 const char* Fp8ScalingName(Fp8Scaling s);
 

@@ -70,9 +70,9 @@ struct OutElement<ElemType::kF32> {
 // stagger would mix two K tiles' block scales in one group.  Per tensor the split loop runs
 // where 128x192 tiles leave much of a last wave idle (Fp8PickConfig); elsewhere it is
 // slower.  M stays 128: two warpgroups of 64 rows.  K tile 128: one block-scale block per K
-// tile.  Clusters of 2 multicast one operand's
-// tile to both CTAs (halving its L2 reads); 2x1 shares B (the weight), 1x2 shares A; 2x2 ran
-// slower, as fewer 4-CTA clusters fit on the SMs (116 CTAs on a 132-SM H100).  Not taken, per
+// tile.  Clusters of 2 multicast one operand's tile to both CTAs (halving its L2 reads); 2x1
+// shares B (the weight), 1x2 shares A; 2x2 ran slower, as fewer 4-CTA clusters fit on the SMs
+// (116 CTAs on a 132-SM H100).  Not taken, per
 // tensor, all slower than the staggered loop at 128x192 at most stage shapes: three sets at
 // 128x128 (two partial sets in turn, each added under the next K tile's wgmmas; at 128x144
 // they spill); CUTLASS's loop (both warpgroups add at once) at 128x128 to 128x192; the
@@ -164,6 +164,12 @@ struct Sm90Fp8Gemm {
 
   static_assert(!kBlock || size<1>(typename Traits::TileShape{}) % 128 == 0,
                 "block scaling: the N tile must hold whole 128-column scale blocks");
+  static_assert(size<0>(typename Traits::TileShape{}) == 128 &&
+                    size<1>(typename Traits::TileShape{}) == Fp8ConfigTileN(kConfig),
+                "Fp8PickConfig counts tiles of 128 x Fp8ConfigTileN");
+  static_assert(kBlock || (size<0>(typename Traits::ClusterShape{}) == 2 &&
+                           size<1>(typename Traits::ClusterShape{}) == 1),
+                "Fp8PickConfig counts per-tensor tiles in 2x1 clusters");
 
   using Fusion = cute::conditional_t<
       kBlock,

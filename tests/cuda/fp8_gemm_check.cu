@@ -90,7 +90,8 @@ struct Options {
   bool check_only = false;
   int64_t batch = 1, pad = 0, sample = 512;
   bool pdl = false;
-  int raster = jc::Fp8GemmLaunch{}.raster, swizzle = jc::Fp8GemmLaunch{}.max_swizzle;  // executor's
+  // The executor's tile order.
+  int raster = jc::Fp8GemmLaunch{}.raster, swizzle = jc::Fp8GemmLaunch{}.max_swizzle;
   uint64_t seed = 1234;
   std::string jsonl;
   double tol_tensor_bf16 = 1.25 * 1.7e-3, tol_tensor_f32 = 1e-3;
