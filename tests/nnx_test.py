@@ -140,9 +140,10 @@ class LayerCases:
 
         with jax.set_mesh(self.mesh):
           gm, gx = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(lay, x)
-        k, b = (jnp.asarray(a, jnp.float32) for a in params_np(lay))
-        rk, rb, rx = jax.grad(lambda k, b, x: jnp.sum(jnp.sin(x @ k + b) * w8), (0, 1, 2))(
-            k, b, x)
+        with jax.default_device(test_util.cpu_devices(1)[0]):  # not TF32 on a GPU machine
+          k, b = (jnp.asarray(a, jnp.float32) for a in params_np(lay))
+          rk, rb, rx = jax.grad(lambda k, b, x: jnp.sum(jnp.sin(x @ k + b) * w8), (0, 1, 2))(
+              k, b, np.asarray(x))
         self.assert_close(gx, rx, "dx")
         self.assert_close(gm.kernel[...], rk, "d kernel")
         self.assert_close(gm.bias[...], rb, "d bias")
@@ -320,7 +321,8 @@ class CpuLayerTest(LayerCases, parameterized.TestCase):
     k1, b1 = params_np(mlp.up)
     k2, b2 = params_np(mlp.down)
     dense_loss = lambda x, k1, k2: jnp.sum((jax.nn.gelu(x @ k1 + b1) @ k2 + b2) ** 2)
-    want = jax.value_and_grad(dense_loss, argnums=(0, 1, 2))(np.asarray(x), k1, k2)[1]
+    with jax.default_device(test_util.cpu_devices(1)[0]):  # not TF32 on a GPU machine
+      want = jax.value_and_grad(dense_loss, argnums=(0, 1, 2))(np.asarray(x), k1, k2)[1]
     self.assertEqual(gx.sharding.spec, P(None, None, None))
     for got, w, what in ((gx, want[0], "dx"), (gm["up"]["kernel"][...], want[1], "dk_up"),
                          (gm["down"]["kernel"][...], want[2], "dk_down")):
