@@ -59,6 +59,17 @@ if [[ -n "${BIN:-}" && -x "$BIN" ]]; then
   rc=$?
   log "check (batch 2, padded, sub-block D): exit $rc; $(oks "$OUT/check_layout.log") OK, $(fails "$OUT/check_layout.log") FAIL"
   [[ $rc -ne 0 ]] && status=1
+  # Tile orders: both rasters, bands of 2 and 8, tile counts that are not whole bands (the
+  # banded side padded, the other not: DropBandPadding); every output compared.
+  : > "$OUT/check_order.log"
+  for raster in 1 2; do
+    for band in 2 8; do
+      timeout -k 10 60 "$BIN" --shapes 2048x384x1000,1000x384x2000 --raster $raster \
+        --swizzle $band --sample 2048 --out bf16 --check-only >> "$OUT/check_order.log" 2>&1 \
+        || status=1
+    done
+  done
+  log "check (tile orders): $(oks "$OUT/check_order.log") OK, $(fails "$OUT/check_order.log") FAIL"
   # Programmatic dependent launch (the executor's default) at two shapes, per-tensor bf16.
   timeout -k 10 60 "$BIN" --shapes 4096x8192x14336,2048x8192x4096 --scaling tensor --types e4m3 \
     --out bf16 --pdl 1 --repeats "$REPEATS" --jsonl "$OUT/check_pdl.jsonl" \

@@ -300,6 +300,7 @@ struct StageFp8Gemm {
     }
     typename Kernel::Params params{BaseKernel::to_underlying_arguments(args, g.workspace),
                                    g.sync};
+    DropBandPadding<BaseKernel>(params.base, g.ops.m, g.ops.n);
     cutlass::Status st = Adapter::run(params, stream, nullptr, g.pdl);
     if (st != cutlass::Status::kSuccess) {
       return std::string("CUTLASS launch failed: ") + cutlass::cutlassGetStatusString(st) +

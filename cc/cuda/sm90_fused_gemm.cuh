@@ -327,6 +327,7 @@ struct FusedStageGemm {
     }
     typename Kernel::Params params{};
     params.base = BaseKernel::to_underlying_arguments(args, g.workspace);
+    DropBandPadding<BaseKernel>(params.base, g.ops.m, g.ops.n);
     for (int s = 0; s < kMaxFusedStages; ++s) {
       const bool used = s < f.count;
       params.pointers.ptr[s] = used ? f.a[s] : nullptr;

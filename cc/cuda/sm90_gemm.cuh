@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cc/cuda/gemm_kernels.h"
 #include "cc/cuda/stage_sync.h"
@@ -201,6 +202,36 @@ void SetSchedulerArguments(const GemmLaunch& g, SchedulerArguments& s) {
                                    : RasterOrderOptions::Heuristic;
 }
 
+// NOTE: CUTLASS's persistent scheduler rounds both tile counts up to whole bands
+// (max_swizzle) and hands the padding tiles out like real ones: each runs the whole mainloop
+// on TMA's zero fill.  Only the banded count needs the rounding (M's when rastered along N,
+// N's along M), so this takes the other's back to whole clusters: 2048 x 6336 with 128x192
+// tiles in bands of 4 on 132 SMs then runs 33 column tiles, 4 per CTA, not 36 and 5.  It
+// rewrites the scheduler's parameters as its initialize() would have without the padding.
+template <class Kernel>
+void DropBandPadding(typename Kernel::Params& params, int64_t m, int64_t n) {
+  using SchedulerParams = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params;
+  static_assert(std::is_same_v<decltype(params.scheduler), SchedulerParams>,
+                "DropBandPadding knows CUTLASS's persistent SM90 scheduler only");
+  SchedulerParams& s = params.scheduler;
+  const int64_t tile_m = size<0>(typename Kernel::TileShape{});
+  const int64_t tile_n = size<1>(typename Kernel::TileShape{});
+  auto whole_clusters = [](int64_t extent, int64_t tile, int64_t cluster) {
+    return static_cast<uint32_t>((extent + tile * cluster - 1) / (tile * cluster));
+  };
+  if (s.raster_order_ == SchedulerParams::RasterOrder::AlongN) {  // bands along M
+    s.problem_tiles_n_ = whole_clusters(n, tile_n, s.cluster_shape_n_);
+    s.divmod_cluster_blk_major_ = cutlass::FastDivmodU64(s.problem_tiles_n_);
+  } else {  // bands along N
+    s.problem_tiles_m_ = whole_clusters(m, tile_m, s.cluster_shape_m_);
+    s.divmod_cluster_blk_major_ = cutlass::FastDivmodU64(s.problem_tiles_m_);
+  }
+  const uint64_t blocks_m = uint64_t{s.problem_tiles_m_} * s.cluster_shape_m_;
+  const uint64_t blocks_n = uint64_t{s.problem_tiles_n_} * s.cluster_shape_n_;
+  s.divmod_batch_ = cutlass::FastDivmodU64(blocks_m * blocks_n);
+  s.blocks_per_problem_ = blocks_m * blocks_n * s.problem_tiles_l_;
+}
+
 template <class Adapter, class Params>
 std::string RunKernel(Params& params, const GemmLaunch& g, cudaStream_t stream) {
   cutlass::Status st = Adapter::run(params, stream, nullptr, g.pdl);
@@ -270,6 +301,7 @@ struct StageGemm {
     }
     typename Kernel::Params params{BaseKernel::to_underlying_arguments(args, g.workspace),
                                    g.sync};
+    DropBandPadding<BaseKernel>(params.base, g.ops.m, g.ops.n);
     return RunKernel<Adapter>(params, g, stream);
   }
 
