@@ -63,27 +63,26 @@ struct OutElement<ElemType::kF32> {
 // Why these tiles.  The fp32 promotion keeps the tensor cores' partial sums apart from the fp32
 // totals, so a consumer warpgroup's 64 x N share of the CTA tile costs N/2 registers per thread
 // per accumulator set; a consumer thread gets 232 (setmaxnreg).  Wider tiles read less shared
-// memory and L2 per flop.  Per tensor, the staggered loop holds two whole-width sets and keeps
-// the tensor cores busy through its adds by running the warpgroups half a K tile apart: 128x192
-// in 192 registers.  Per block, the split loop reaches the bf16 kernels' 128x256 with one
-// half-width partial set (192) and leaves its adds to the other warpgroup's wgmmas; the
-// stagger would mix two K tiles' block scales in one group.  Per tensor the split loop runs
-// where 128x192 tiles leave much of a last wave idle (Fp8PickConfig); elsewhere it is
-// slower.  M stays 128: two warpgroups of 64 rows.  K tile 128: one block-scale block per K
+// memory and L2 per flop.  Per tensor, the staggered loop holds two whole-width sets and keeps the
+// tensor cores busy through its adds by running the warpgroups half a K tile apart: 128x192 in 192
+// registers.  Per block, the split loop reaches the bf16 kernels' 128x256 with one half-width
+// partial set (192) and leaves its adds to the other warpgroup's wgmmas; the stagger would mix two
+// K tiles' block scales in one group.  Per tensor the split loop, with one half's groups
+// staggered, runs where 128x192 tiles leave much of a last wave idle (Fp8PickConfig); elsewhere it
+// is slower.  M stays 128: two warpgroups of 64 rows.  K tile 128: one block-scale block per K
 // tile.  Clusters of 2 multicast one operand's tile to both CTAs (halving its L2 reads); 2x1
-// shares B (the weight), 1x2 shares A; 2x2 ran slower, as fewer 4-CTA clusters fit on the SMs
-// (116 CTAs on a 132-SM H100).  Not taken, per
-// tensor, all slower than the staggered loop at 128x192 at most stage shapes: three sets at
-// 128x128 (two partial sets in turn, each added under the next K tile's wgmmas; at 128x144
-// they spill); CUTLASS's loop (both warpgroups add at once) at 128x128 to 128x192; the
-// warpgroups taking turns at the tensor cores behind a barrier, which serializes their issue;
-// A in registers (loaded once per warpgroup and K tile, the wgmmas in two column halves with a
-// partial set each), slower at 128x128 and spilling at 128x192; the staggered loop at 128x160
-// and at 128x128 (also at the stage shape with the fewest tiles).  Not taken for the split
-// loop: starting warpgroup 1 one half late (a named barrier per tile), no consistent gain.
+// shares B (the weight), 1x2 shares A; 2x2 ran slower, as fewer 4-CTA clusters fit on the SMs (116
+// CTAs on a 132-SM H100).  Not taken, per tensor, all slower than the staggered loop at 128x192 at
+// most stage shapes: three sets at 128x128 (two partial sets in turn, each added under the next K
+// tile's wgmmas; at 128x144 they spill); CUTLASS's loop (both warpgroups add at once) at 128x128
+// to 128x192; the warpgroups taking turns at the tensor cores behind a barrier, which serializes
+// their issue; A in registers (loaded once per warpgroup and K tile, the wgmmas in two column
+// halves with a partial set each), slower at 128x128 and spilling at 128x192; the staggered loop
+// at 128x160 and at 128x128 (also at the stage shape with the fewest tiles).  Not taken for the
+// split loop: holding warpgroup 1 one half back with a named barrier per tile, no consistent gain
+// (per tensor, groups that straddle two K tiles keep the offset without one).
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
-// scheduler's work tile), not in the K loop; the per-tensor split kernels with fp32 output
-// spill a few bytes too.
+// scheduler's work tile), not in the K loop.
 template <Fp8Config kConfig>
 struct Fp8ConfigTraits;
 

@@ -11,8 +11,18 @@
 //     K tile t    | half 0                  | half 1                  | release stage t
 //     warpgroup w | issue, wait, acc0 += .. | issue, wait, acc1 += .. |
 //
-// While one warpgroup waits and adds, the other's half keeps the tensor cores busy.
-// Promotion is every K tile (128 of K), as the recipe asks.
+// While one warpgroup waits and adds, the other's half keeps the tensor cores busy, if the
+// two are out of step: started together, their halves share the tensor cores and end together,
+// and both add while the tensor cores idle.  Per tensor, warpgroup 1 runs its first half's
+// groups half a K tile late (as sm90_fp8_staggered_mainloop.cuh runs whole tiles), so its
+// group boundaries fall inside warpgroup 0's groups (k0-3: the K tile's 32-wide wgmma blocks):
+//
+//     warpgroup 0 | t0 h0 k0-3 | t0 h1 k0-3 | t1 h0 k0-3 | t1 h1 k0-3 | ...
+//     warpgroup 1 | t0 h0 k0-1 | t0 h1 k0-3 | t0 h0 k2-3 t1 h0 k0-1 | t1 h1 k0-3 | ...
+//
+// Block-scaled, a group must stay within one K tile (one scale per row and K tile), so both
+// warpgroups run the first line.
+// Promotion is every 128 of K, as the recipe asks.
 // Only the consumer side (mma, mma_tail) and the TiledMma differ from the base collective: the
 // producer, shared storage, parameters, TMA descriptors and scale loads are the base's; the
 // kernel and the epilogue partition the accumulators with this TiledMma, (MMA, 1, 2) per thread.
@@ -111,6 +121,15 @@ struct Fp8SplitPromotion : Base {
       warpgroup_fence_operand(accum);
     };
 
+    if constexpr (!kBlockScaled) {
+      const bool lagging =
+          __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) == 1;
+      if (lagging) {
+        LaggingTensorMma(pipeline, smem_pipe_read, accum, part, tiled_mma, tCrA, tCrB,
+                         k_tile_count);
+        return;
+      }
+    }
     CUTLASS_PRAGMA_NO_UNROLL
     for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
       pipeline.consumer_wait(smem_pipe_read);
@@ -154,6 +173,72 @@ struct Fp8SplitPromotion : Base {
       }
       ++smem_pipe_read;
     }
+  }
+
+  // Per tensor, warpgroup 1: half h0's groups straddle two K tiles (the diagram above).
+  // Assumes k_tile_count >= 1 (CheckFp8Gemm: K > 0).
+  template <class FrgTensorC, class FrgTensorP, class TensorA, class TensorB>
+  CUTLASS_DEVICE static void LaggingTensorMma(MainloopPipeline& pipeline,
+                                              PipelineState smem_pipe_read, FrgTensorC& accum,
+                                              FrgTensorP& part, TiledMma& tiled_mma,
+                                              TensorA const& tCrA, TensorB const& tCrB,
+                                              int k_tile_count) {
+    using namespace cute;
+    constexpr int kBlocks = decltype(size<2>(tCrA))::value;
+    static_assert(kBlocks % 2 == 0, "a K tile splits into two halves");
+    constexpr int kHalf = kBlocks / 2;
+    auto begin_group = [&]() {
+      warpgroup_fence_operand(part);
+      warpgroup_arrive();
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    };
+    // Blocks [k_begin, k_end) of one stage, columns `half`, into the open group.
+    auto issue = [&](int stage, auto half, auto k_begin, auto k_end) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = decltype(k_begin)::value; k_block < decltype(k_end)::value; ++k_block) {
+        cute::gemm(tiled_mma, tCrA(_, 0, k_block, stage), tCrB(_, half, k_block, stage),
+                   part(_, 0));
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+    };
+    auto end_group_and_add = [&](auto half) {
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(part);
+      warpgroup_fence_operand(accum);
+      Tensor acc = accum(_, _, half);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc); ++i) acc(i) += part(i);
+      warpgroup_fence_operand(accum);
+    };
+
+    PipelineState previous = smem_pipe_read;
+    pipeline.consumer_wait(previous);
+    begin_group();
+    issue(previous.index(), _0{}, Int<0>{}, Int<kHalf>{});
+    end_group_and_add(_0{});
+    begin_group();
+    issue(previous.index(), _1{}, Int<0>{}, Int<kBlocks>{});
+    end_group_and_add(_1{});
+    ++smem_pipe_read;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k_tile = 1; k_tile < k_tile_count; ++k_tile) {
+      pipeline.consumer_wait(smem_pipe_read);
+      begin_group();
+      issue(previous.index(), _0{}, Int<kHalf>{}, Int<kBlocks>{});
+      issue(smem_pipe_read.index(), _0{}, Int<0>{}, Int<kHalf>{});
+      end_group_and_add(_0{});
+      pipeline.consumer_release(previous);
+      begin_group();
+      issue(smem_pipe_read.index(), _1{}, Int<0>{}, Int<kBlocks>{});
+      end_group_and_add(_1{});
+      previous = smem_pipe_read;
+      ++smem_pipe_read;
+    }
+    begin_group();
+    issue(previous.index(), _0{}, Int<kHalf>{}, Int<kBlocks>{});
+    end_group_and_add(_0{});
+    pipeline.consumer_release(previous);
   }
 
   // mma() waited for every wgmma and released every stage it read.
