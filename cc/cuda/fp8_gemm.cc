@@ -51,7 +51,7 @@ const char* Fp8ConfigName(Fp8Config c) {
 Fp8Config Fp8PickConfig(Fp8Scaling scaling, const Fp8Config* configs, int count, int64_t m,
                         int64_t n, int64_t batch, int sm_count) {
   // The staggered loop's rate per flop at 128x192 over the split loop's at 128x256, per
-  // tensor on an H100 (docs/benchmarks.md): the split loop's warpgroups wait for their adds.
+  // tensor on an H100 (docs/benchmarks.md).
   constexpr double kStaggerRate = 1.07;
   if (count < 1) return Fp8Config::kStagger128x192_C2x1;
   const int clusters = sm_count / 2;  // per tensor, 2x1 clusters of 128-row tiles (asserted)
