@@ -122,9 +122,7 @@ struct Fp8SplitPromotion : Base {
     };
 
     if constexpr (!kBlockScaled) {
-      const bool lagging =
-          __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) == 1;
-      if (lagging) {
+      if (WarpGroupIndex(thread_idx) == 1) {
         LaggingTensorMma(pipeline, smem_pipe_read, accum, part, tiled_mma, tCrA, tCrB,
                          k_tile_count);
         return;
@@ -187,11 +185,7 @@ struct Fp8SplitPromotion : Base {
     constexpr int kBlocks = decltype(size<2>(tCrA))::value;
     static_assert(kBlocks % 2 == 0, "a K tile splits into two halves");
     constexpr int kHalf = kBlocks / 2;
-    auto begin_group = [&]() {
-      warpgroup_fence_operand(part);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-    };
+    auto begin_group = [&]() { BeginWgmmaGroup(tiled_mma, part); };
     // Blocks [k_begin, k_end) of one stage, columns `half`, into the open group.
     auto issue = [&](int stage, auto half, auto k_begin, auto k_end) {
       CUTLASS_PRAGMA_UNROLL
@@ -202,14 +196,7 @@ struct Fp8SplitPromotion : Base {
       }
     };
     auto end_group_and_add = [&](auto half) {
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(part);
-      warpgroup_fence_operand(accum);
-      Tensor acc = accum(_, _, half);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc); ++i) acc(i) += part(i);
-      warpgroup_fence_operand(accum);
+      EndWgmmaGroupAndAdd(part, accum, accum(_, _, half));
     };
 
     PipelineState previous = smem_pipe_read;

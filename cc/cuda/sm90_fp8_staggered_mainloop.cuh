@@ -59,8 +59,7 @@ struct Fp8StaggeredPromotion : Base {
     constexpr int kBlocks = decltype(size<2>(tCrA))::value;
     static_assert(kBlocks % 2 == 0, "a K tile splits into two halves");
     constexpr int kHalf = kBlocks / 2;
-    const bool lagging =
-        __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) == 1;
+    const bool lagging = WarpGroupIndex(thread_idx) == 1;
 
     Tensor part = make_fragment_like(accum);
     // NOTE: both sets are defined before the first wgmma: a first definition between two
@@ -71,11 +70,7 @@ struct Fp8StaggeredPromotion : Base {
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(part);
 
-    auto begin_group = [&]() {
-      warpgroup_fence_operand(part);
-      warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-    };
+    auto begin_group = [&]() { BeginWgmmaGroup(tiled_mma, part); };
     // Blocks [k_begin, k_end) of one stage into the open group.
     auto issue = [&](int stage, auto k_begin, auto k_end) {
       CUTLASS_PRAGMA_UNROLL
@@ -84,15 +79,7 @@ struct Fp8StaggeredPromotion : Base {
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
       }
     };
-    auto end_group_and_add = [&]() {
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(part);
-      warpgroup_fence_operand(accum);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) accum(i) += part(i);
-      warpgroup_fence_operand(accum);
-    };
+    auto end_group_and_add = [&]() { EndWgmmaGroupAndAdd(part, accum, accum); };
 
     if (!lagging) {
       CUTLASS_PRAGMA_NO_UNROLL
