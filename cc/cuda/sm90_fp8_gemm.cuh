@@ -78,7 +78,7 @@ struct OutElement<ElemType::kF32> {
 // to 128x192; the warpgroups taking turns at the tensor cores behind a barrier, which serializes
 // their issue; A in registers (loaded once per warpgroup and K tile, the wgmmas in two column
 // halves with a partial set each), slower at 128x128 and spilling at 128x192; the staggered loop
-// at 128x160 and at 128x128 (also at the stage shape with the fewest tiles).  Not taken for the
+// at 128x128 (also at the stage shape with the fewest tiles).  Not taken for the
 // split loop: holding warpgroup 1 one half back with a named barrier per tile, no consistent gain
 // (per tensor, groups that straddle two K tiles keep the offset without one).
 // NOTE: the block-scaled kernels spill a few bytes, at the tile loop's head and tail (the
@@ -201,6 +201,17 @@ struct Sm90Fp8Gemm {
       Traits::kPromotion == Fp8Promotion::kStaggered, Fp8StaggeredPromotion<BuiltMainloop>,
       cute::conditional_t<Traits::kPromotion == Fp8Promotion::kSplit,
                           Fp8SplitPromotion<BuiltMainloop, kBlock>, BuiltMainloop>>;
+
+  // NOTE: CUTLASS's builder takes the widest wgmma whose n divides the tile's N among the
+  // shapes it is built with (256, 192, 128, 96, 64, 32, 16, 8 without
+  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED), so another N compiles and runs correct, several
+  // narrow wgmmas per K block at a fraction of the rate.  The split loop and the blockwise
+  // collective issue one 128-column half or scale block per wgmma.
+  static_assert(size<1>(typename CollectiveMainloop::TiledMma::AtomShape_MNK{}) ==
+                    (kBlock || Traits::kPromotion == Fp8Promotion::kSplit
+                         ? 128
+                         : size<1>(typename Traits::TileShape{})),
+                "a wgmma must span the CTA tile's N (the split loop's half, a scale block)");
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
                                                           CollectiveMainloop, CollectiveEpilogue>;
